@@ -1,0 +1,1 @@
+"""Change sources: one subpackage per source database."""

@@ -1,0 +1,1 @@
+"""PostgreSQL source: pgoutput decoding, value mapping, slot and stream."""

@@ -1,0 +1,1 @@
+"""Unit tests: no server, recorded inputs only."""
