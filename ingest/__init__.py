@@ -1,0 +1,1 @@
+"""changelake ingest: source changes (Postgres pgoutput, MongoDB change streams) -> bronze Delta."""

@@ -1,0 +1,111 @@
+"""Wiring in one place: which sources, which Spark, which bronze writer, for each CLI command."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from dataclasses import dataclass
+from types import FrameType
+
+from ingest.bronze.schemas import STREAM_POSITIONS_TABLE
+from ingest.bronze.writer import BronzeWriter
+from ingest.config import Config, MongoSource, PostgresSource
+from ingest.errors import ConfigError, IngestError
+from ingest.events import int_to_lsn
+from ingest.progress import Progress
+from ingest.spark import build_spark
+
+log = logging.getLogger(__name__)
+
+
+class _StopFlag:
+    """Set by SIGINT/SIGTERM: the capture finishes its batch, acknowledges and exits."""
+
+    def __init__(self) -> None:
+        self.stop = False
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        log.warning("signal=%s stopping after the current batch", signal.Signals(signum).name)
+        self.stop = True
+
+    def __call__(self) -> bool:
+        return self.stop
+
+
+def _selected(cfg: Config, source: str | None) -> list[PostgresSource]:
+    chosen = [cfg.source(source)] if source else list(cfg.sources)
+    for s in chosen:
+        if isinstance(s, MongoSource):
+            raise ConfigError(f"sources.{s.name}: kind mongodb is not supported by this version of ingest")
+    return [s for s in chosen if isinstance(s, PostgresSource)]
+
+
+def run(cfg: Config, once: bool, source: str | None) -> list[str]:
+    """Capture the selected sources into bronze; returns one summary line per source."""
+    from ingest.sources.postgres.capture import PostgresCapture, prepare_source
+
+    sources = _selected(cfg, source)
+    if len(sources) > 1 and not once:
+        raise ConfigError("continuous run captures one source per process; pass --source NAME")
+    for s in sources:  # fail fast on the source before paying for a JVM
+        prepare_source(s).close()
+    spark = build_spark(cfg.spark)
+    writer = BronzeWriter(spark, cfg.warehouse_path)
+    stop = _StopFlag()
+    lines = []
+    for s in sources:
+        progress = Progress(s.name)
+        cap = PostgresCapture(s, cfg.batch, writer, progress)
+        cap.run(once=once, should_stop=stop)
+        lines.append(progress.done() + f", durable at {int_to_lsn(cap.durable_lsn)}"
+                     + (f", {cap.skipped} re-delivered events skipped" if cap.skipped else ""))
+    return lines
+
+
+@dataclass(frozen=True, slots=True)
+class SourceStatus:
+    """What `status` prints for one source."""
+
+    source: str
+    lines: list[str]
+
+
+def status(cfg: Config, source: str | None) -> list[SourceStatus]:
+    """Positions, safe bound, slot lag and WAL status for the selected sources."""
+    from ingest.sources.postgres.admin import PostgresAdmin
+
+    sources = _selected(cfg, source)
+    spark = build_spark(cfg.spark)
+    writer = BronzeWriter(spark, cfg.warehouse_path)
+    out = []
+    for s in sources:
+        lines: list[str] = []
+        try:
+            admin = PostgresAdmin(s)
+            h = admin.slot_health()
+            admin.close()
+            lag = f"{h.lag_bytes:,} bytes" if h.lag_bytes is not None else "n/a (no slot)"
+            confirmed = int_to_lsn(h.confirmed_flush_lsn) if h.confirmed_flush_lsn is not None else "n/a"
+            lines.append(f"slot {h.slot}: confirmed {confirmed}, server at {int_to_lsn(h.current_wal_lsn)}, "
+                         f"lag {lag}, wal_status {h.wal_status or 'n/a'}, "
+                         f"{'active pid ' + str(h.active_pid) if h.active_pid else 'inactive'}")
+            if h.wal_status == "lost":
+                lines.append("  SLOT INVALIDATED: run `changelake-ingest run` for recovery steps")
+        except IngestError as e:
+            lines.append(f"source unreachable: {e}")
+        if writer.exists(STREAM_POSITIONS_TABLE):
+            rows = writer.positions(s.name)
+            for pos, updated in sorted(rows, key=lambda r: r[0].writer_id):
+                lines.append(f"writer {pos.writer_id} ({pos.writer_kind.value}): durable {int_to_lsn(pos.durable_lsn)}, "
+                             f"updated {updated:%Y-%m-%d %H:%M:%S}")
+            if rows:
+                lines.append(f"safe bound: {int_to_lsn(min(p.durable_lsn for p, _ in rows))}")
+            last = writer.max_commit_time(s.name)
+            lines.append(f"last commit in bronze: {last:%Y-%m-%d %H:%M:%S} UTC" if last else "no events in bronze yet")
+        else:
+            lines.append("bronze not created yet (run `changelake-ingest run` first)")
+        out.append(SourceStatus(s.name, lines))
+    return out
+

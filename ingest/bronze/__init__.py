@@ -1,0 +1,1 @@
+"""Bronze: append-only Delta tables written by path; knows events, not Postgres or MongoDB."""

@@ -1,0 +1,90 @@
+"""Arrow schemas, partitioning and names of the bronze Delta tables (docs/bronze.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+TS = pa.timestamp("us", tz="UTC")
+
+WAL_EVENTS = pa.schema(
+    [
+        ("source", pa.string()),
+        ("source_kind", pa.string()),
+        ("commit_lsn", pa.int64()),
+        ("commit_index", pa.int32()),
+        ("xid", pa.int64()),
+        ("commit_timestamp", TS),
+        ("action", pa.string()),
+        ("table_schema", pa.string()),
+        ("table_name", pa.string()),
+        ("relation_id", pa.int64()),
+        ("record_pk", pa.string()),
+        ("old_record_pk", pa.string()),
+        ("record", pa.string()),
+        ("old_record", pa.string()),
+        ("unchanged_toast", pa.list_(pa.string())),
+        ("truncated_tables", pa.list_(pa.string())),
+        ("truncate_options", pa.int32()),
+        ("message_prefix", pa.string()),
+        ("message_content", pa.string()),
+        ("message_transactional", pa.bool_()),
+        ("writer_id", pa.string()),
+        ("ingested_at", TS),
+    ]
+)
+
+STREAM_POSITIONS = pa.schema(
+    [
+        ("source", pa.string()),
+        ("writer_id", pa.string()),
+        ("writer_kind", pa.string()),
+        ("durable_lsn", pa.int64()),
+        ("ack_lsn", pa.int64()),
+        ("resume_token", pa.string()),
+        ("started_at", TS),
+        ("updated_at", TS),
+    ]
+)
+
+COLUMN_STRUCT = pa.struct(
+    [
+        ("name", pa.string()),
+        ("type_oid", pa.int64()),
+        ("type_name", pa.string()),
+        ("type_modifier", pa.int32()),
+        ("is_key", pa.bool_()),
+        ("pk_position", pa.int32()),
+        ("json_kind", pa.string()),
+    ]
+)
+
+SOURCE_RELATIONS = pa.schema(
+    [
+        ("source", pa.string()),
+        ("relation_id", pa.int64()),
+        ("table_schema", pa.string()),
+        ("table_name", pa.string()),
+        ("replica_identity", pa.string()),
+        ("columns", pa.list_(COLUMN_STRUCT)),
+        ("shape_hash", pa.string()),
+        ("first_seen_lsn", pa.int64()),
+        ("ingested_at", TS),
+    ]
+)
+
+
+@dataclass(frozen=True, slots=True)
+class BronzeTable:
+    """A bronze table: its directory name under `<warehouse>/bronze`, schema and partitioning."""
+
+    name: str
+    schema: pa.Schema
+    partition_by: tuple[str, ...]
+
+
+WAL_EVENTS_TABLE = BronzeTable("wal_events", WAL_EVENTS, ("source",))
+STREAM_POSITIONS_TABLE = BronzeTable("stream_positions", STREAM_POSITIONS, ("source", "writer_id"))
+SOURCE_RELATIONS_TABLE = BronzeTable("source_relations", SOURCE_RELATIONS, ("source",))
+ALL_TABLES = (WAL_EVENTS_TABLE, STREAM_POSITIONS_TABLE, SOURCE_RELATIONS_TABLE)

@@ -1,0 +1,231 @@
+"""Appends events, relation shapes and writer positions to the bronze Delta tables, by path."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from ingest.bronze.schemas import (
+    ALL_TABLES,
+    SOURCE_RELATIONS_TABLE,
+    STREAM_POSITIONS_TABLE,
+    WAL_EVENTS_TABLE,
+    BronzeTable,
+)
+from ingest.errors import BronzeWriteError
+from ingest.events import ChangeEvent, RelationShape, WriterKind, WriterPosition
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
+
+# Delta txnVersion packs a batch's last position as (commit_lsn << INDEX_BITS) | commit_index.
+TXN_INDEX_BITS = 20
+TXN_MAX_LSN = 1 << (63 - TXN_INDEX_BITS)
+
+
+def txn_version(commit_lsn: int, commit_index: int) -> int | None:
+    """A strictly increasing Delta txnVersion for a batch ending at this position, if it fits."""
+    if commit_lsn >= TXN_MAX_LSN or commit_index >= (1 << TXN_INDEX_BITS):
+        return None
+    return (commit_lsn << TXN_INDEX_BITS) | commit_index
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _events_to_arrow(source: str, source_kind: str, writer_id: str, events: Sequence[ChangeEvent]) -> pa.Table:
+    n = len(events)
+    ingested = _now()
+    cols: dict[str, Any] = {
+        "source": pa.array([source] * n, pa.string()),
+        "source_kind": pa.array([source_kind] * n, pa.string()),
+        "commit_lsn": [e.commit_lsn for e in events],
+        "commit_index": [e.commit_index for e in events],
+        "xid": [e.xid for e in events],
+        "commit_timestamp": pa.array([e.commit_ts_us for e in events], pa.int64()).cast(
+            WAL_EVENTS_TABLE.schema.field("commit_timestamp").type
+        ),
+        "action": [e.action.value for e in events],
+        "table_schema": [e.table_schema for e in events],
+        "table_name": [e.table_name for e in events],
+        "relation_id": [e.relation_id for e in events],
+        "record_pk": [e.record_pk for e in events],
+        "old_record_pk": [e.old_record_pk for e in events],
+        "record": [e.record for e in events],
+        "old_record": [e.old_record for e in events],
+        "unchanged_toast": [list(e.unchanged_toast) if e.unchanged_toast else None for e in events],
+        "truncated_tables": [list(e.truncated_tables) if e.truncated_tables else None for e in events],
+        "truncate_options": [e.truncate_options for e in events],
+        "message_prefix": [e.message_prefix for e in events],
+        "message_content": [e.message_content for e in events],
+        "message_transactional": [e.message_transactional for e in events],
+        "writer_id": pa.array([writer_id] * n, pa.string()),
+        "ingested_at": pa.array([ingested] * n, WAL_EVENTS_TABLE.schema.field("ingested_at").type),
+    }
+    return pa.table(cols, schema=WAL_EVENTS_TABLE.schema)
+
+
+class BronzeWriter:
+    """Owns the bronze tables of one warehouse.
+
+    Responsibilities: create the tables (by path, no metastore), append event batches idempotently
+    (Delta txnAppId/txnVersion), record relation shapes, raise and remove writer positions, and
+    answer where a writer's durable data ends (so a restart skips what is already in bronze).
+    """
+
+    def __init__(self, spark: SparkSession, warehouse: Path) -> None:
+        """Bind to `warehouse`; tables live in `<warehouse>/bronze/<name>`."""
+        self.spark = spark
+        self.root = warehouse / "bronze"
+
+    def path(self, table: BronzeTable) -> str:
+        """The Delta table directory of `table`."""
+        return str(self.root / table.name)
+
+    def exists(self, table: BronzeTable) -> bool:
+        return (self.root / table.name / "_delta_log").is_dir()
+
+    def ensure_tables(self) -> None:
+        """Create each bronze table that does not exist yet (safe against a concurrent creator)."""
+        for table in ALL_TABLES:
+            if self.exists(table):
+                continue
+            empty = self.spark.createDataFrame(table.schema.empty_table())
+            try:
+                empty.write.format("delta").partitionBy(*table.partition_by).mode("append").save(self.path(table))
+            except Exception as e:
+                if not self.exists(table):
+                    raise BronzeWriteError(f"cannot create bronze table {self.path(table)}: {e}") from e
+
+    def _append(self, table: BronzeTable, data: pa.Table, app_id: str | None, version: int | None) -> None:
+        df: DataFrame = self.spark.createDataFrame(data)
+        writer = df.write.format("delta").mode("append")
+        if app_id is not None and version is not None:
+            writer = writer.option("txnAppId", app_id).option("txnVersion", version)
+        try:
+            writer.save(self.path(table))
+        except Exception as e:
+            raise BronzeWriteError(f"append to {self.path(table)} failed: {e}") from e
+
+    def append_events(self, source: str, source_kind: str, writer_id: str, events: Sequence[ChangeEvent]) -> None:
+        """Commit `events` (in position order) as one Delta transaction; a retried batch is a no-op."""
+        if not events:
+            return
+        last = events[-1]
+        data = _events_to_arrow(source, source_kind, writer_id, events)
+        self._append(WAL_EVENTS_TABLE, data, f"{source}/{writer_id}", txn_version(last.commit_lsn, last.commit_index))
+
+    def append_relations(self, source: str, shapes: Sequence[RelationShape]) -> None:
+        """Record table shapes first seen in this batch."""
+        if not shapes:
+            return
+        now = _now()
+        rows = [
+            {
+                "source": source,
+                "relation_id": s.relation_id,
+                "table_schema": s.table_schema,
+                "table_name": s.table_name,
+                "replica_identity": s.replica_identity,
+                "columns": [
+                    {
+                        "name": c.name,
+                        "type_oid": c.type_oid,
+                        "type_name": c.type_name,
+                        "type_modifier": c.type_modifier,
+                        "is_key": c.is_key,
+                        "pk_position": c.pk_position,
+                        "json_kind": c.json_kind,
+                    }
+                    for c in s.columns
+                ],
+                "shape_hash": s.shape_hash,
+                "first_seen_lsn": s.first_seen_lsn,
+                "ingested_at": now,
+            }
+            for s in shapes
+        ]
+        self._append(SOURCE_RELATIONS_TABLE, pa.Table.from_pylist(rows, SOURCE_RELATIONS_TABLE.schema), None, None)
+
+    def known_shapes(self, source: str) -> set[str]:
+        """Shape hashes already recorded for `source`."""
+        df = self.spark.read.format("delta").load(self.path(SOURCE_RELATIONS_TABLE))
+        return {r[0] for r in df.where(df.source == source).select("shape_hash").distinct().collect()}
+
+    def raise_position(self, pos: WriterPosition, started_at: datetime) -> None:
+        """Replace this writer's row (its own partition) with `pos`; callers never lower it."""
+        row = {
+            "source": pos.source,
+            "writer_id": pos.writer_id,
+            "writer_kind": pos.writer_kind.value,
+            "durable_lsn": pos.durable_lsn,
+            "ack_lsn": pos.ack_lsn,
+            "resume_token": pos.resume_token,
+            "started_at": started_at,
+            "updated_at": _now(),
+        }
+        df = self.spark.createDataFrame(pa.Table.from_pylist([row], STREAM_POSITIONS_TABLE.schema))
+        cond = f"source = '{_sql_str(pos.source)}' AND writer_id = '{_sql_str(pos.writer_id)}'"
+        try:
+            df.write.format("delta").mode("overwrite").option("replaceWhere", cond).save(
+                self.path(STREAM_POSITIONS_TABLE)
+            )
+        except Exception as e:
+            raise BronzeWriteError(f"raising position of {pos.source}/{pos.writer_id} failed: {e}") from e
+
+    def remove_writer(self, source: str, writer_id: str) -> None:
+        """Delete a retired writer's row so it no longer holds back the safe bound."""
+        from delta.tables import DeltaTable
+
+        cond = f"source = '{_sql_str(source)}' AND writer_id = '{_sql_str(writer_id)}'"
+        DeltaTable.forPath(self.spark, self.path(STREAM_POSITIONS_TABLE)).delete(cond)
+
+    def positions(self, source: str | None = None) -> list[tuple[WriterPosition, datetime]]:
+        """Every writer row (of `source`, if given) with its `updated_at`."""
+        df = self.spark.read.format("delta").load(self.path(STREAM_POSITIONS_TABLE))
+        if source is not None:
+            df = df.where(df.source == source)
+        out = []
+        for r in df.collect():
+            pos = WriterPosition(
+                r.source, r.writer_id, WriterKind(r.writer_kind), r.durable_lsn, r.ack_lsn, r.resume_token
+            )
+            out.append((pos, r.updated_at))
+        return out
+
+    def last_event_position(self, source: str, writer_id: str, from_lsn: int = 0) -> tuple[int, int] | None:
+        """The highest (commit_lsn, commit_index) this writer has in bronze, or None.
+
+        Bronze is the truth of what is durable: a restarted writer skips every re-delivered event at
+        or below this position, so a crash between a Delta commit and the slot acknowledgement
+        neither loses nor duplicates events. `from_lsn` (the writer's recorded durable position)
+        lets Delta skip files by their statistics.
+        """
+        from pyspark.sql import functions as F
+
+        df = self.spark.read.format("delta").load(self.path(WAL_EVENTS_TABLE))
+        df = df.where((df.source == source) & (df.writer_id == writer_id) & (df.commit_lsn >= from_lsn))
+        row = df.agg(F.max(F.struct("commit_lsn", "commit_index")).alias("m")).collect()[0]
+        if row.m is None:
+            return None
+        return (int(row.m.commit_lsn), int(row.m.commit_index))
+
+    def max_commit_time(self, source: str) -> datetime | None:
+        """The newest commit timestamp of `source` in bronze (for status)."""
+        from pyspark.sql import functions as F
+
+        df = self.spark.read.format("delta").load(self.path(WAL_EVENTS_TABLE))
+        row = df.where(df.source == source).agg(F.max("commit_timestamp").alias("m")).collect()[0]
+        return row.m  # type: ignore[no-any-return]
+
+
+def _sql_str(s: str) -> str:
+    return s.replace("\\", "\\\\").replace("'", "\\'")

@@ -1,0 +1,60 @@
+"""The `changelake-ingest` command line: argument parsing and wiring only."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from ingest.config import load_config
+from ingest.errors import IngestError
+
+DEFAULT_CONFIG_ENV = "CHANGELAKE_CONFIG"
+DEFAULT_CONFIG = "changelake.yml"
+EXIT_USER_ERROR = 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="changelake-ingest", description="Capture source changes into bronze Delta tables.")
+    p.add_argument("-c", "--config", default=os.environ.get(DEFAULT_CONFIG_ENV, DEFAULT_CONFIG),
+                   help=f"YAML config (default: ${DEFAULT_CONFIG_ENV} or {DEFAULT_CONFIG})")
+    p.add_argument("-v", "--verbose", action="store_true", help="log progress and decisions (INFO)")
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="stream changes into bronze (continuous, or --once)")
+    r.add_argument("--once", action="store_true", help="drain to the source's current position, then exit")
+    r.add_argument("--source", help="capture only this source")
+    s = sub.add_parser("status", help="positions, safe bound, slot lag and WAL status")
+    s.add_argument("--source", help="only this source")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the process exit code (2 for errors the user can fix)."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
+    )
+    for noisy in ("py4j", "pyspark"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+    from ingest import app
+
+    try:
+        cfg = load_config(args.config)
+        if args.command == "run":
+            for line in app.run(cfg, once=args.once, source=args.source):
+                print(line)
+        elif args.command == "status":
+            for st in app.status(cfg, args.source):
+                print(f"source {st.source}")
+                for line in st.lines:
+                    print(f"  {line}")
+    except IngestError as e:
+        print(f"changelake-ingest: error: {e}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

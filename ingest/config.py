@@ -1,0 +1,184 @@
+"""One typed config for ingest: loaded from YAML once, ${ENV} substituted, validated, frozen."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from ingest.errors import ConfigError
+
+DEFAULT_WAREHOUSE = "./warehouse"
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SparkConfig(_Strict):
+    """Where the bronze writer's Spark runs: local by default, a cluster master, or Spark Connect."""
+
+    master: str = "local[2]"
+    remote: str | None = None
+    conf: dict[str, str] = Field(default_factory=dict)
+
+
+class BatchConfig(_Strict):
+    """How much change data one bronze commit holds (a batch ends on a transaction boundary)."""
+
+    max_events: Annotated[int, Field(gt=0)] = 200_000
+    max_seconds: Annotated[float, Field(gt=0)] = 5.0
+
+
+class PostgresSource(_Strict):
+    """A Postgres source: a pgoutput slot over a publication of the listed tables."""
+
+    kind: Literal["postgres"]
+    name: str
+    dsn: str
+    tables: list[str]
+    slot: str | None = None
+    publication: str | None = None
+    create_publication: bool = True
+    heartbeat_seconds: Annotated[float, Field(gt=0)] = 30.0
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_identifier(cls, v: str) -> str:
+        if not _IDENT.match(v):
+            raise ValueError(f"{v!r} must be lowercase letters, digits and _ (a slot name is derived from it)")
+        return v
+
+    @field_validator("tables")
+    @classmethod
+    def _tables_are_qualified(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("list at least one table as schema.table")
+        for t in v:
+            if t.count(".") != 1 or not all(t.split(".")):
+                raise ValueError(f"{t!r} is not schema.table")
+        return v
+
+    @property
+    def slot_name(self) -> str:
+        """The replication slot; `changelake_<name>` unless set."""
+        return self.slot or f"changelake_{self.name}"
+
+    @property
+    def publication_name(self) -> str:
+        """The publication; `changelake_<name>` unless set."""
+        return self.publication or f"changelake_{self.name}"
+
+
+class MongoSource(_Strict):
+    """A MongoDB source (change streams); not implemented by this version of ingest."""
+
+    kind: Literal["mongodb"]
+    name: str
+    uri: str
+    database: str
+    collections: list[str] | None = None
+
+
+SourceConfig = Annotated[PostgresSource | MongoSource, Field(discriminator="kind")]
+
+
+class Config(_Strict):
+    """The whole ingest config: sources, the warehouse location and Spark settings."""
+
+    warehouse: str = DEFAULT_WAREHOUSE
+    spark: SparkConfig = Field(default_factory=SparkConfig)
+    batch: BatchConfig = Field(default_factory=BatchConfig)
+    sources: list[SourceConfig]
+
+    @field_validator("sources")
+    @classmethod
+    def _unique_names(cls, v: list[SourceConfig]) -> list[SourceConfig]:
+        names = [s.name for s in v]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"source names must be unique; repeated: {', '.join(dupes)}")
+        if not v:
+            raise ValueError("configure at least one source")
+        return v
+
+    @property
+    def warehouse_path(self) -> Path:
+        """The warehouse as an absolute path (bronze lives in `<warehouse>/bronze/<table>`)."""
+        return Path(self.warehouse).expanduser().resolve()
+
+    def source(self, name: str) -> SourceConfig:
+        """The source called `name`, or a ConfigError listing the configured ones."""
+        for s in self.sources:
+            if s.name == name:
+                return s
+        raise ConfigError(f"no source named {name!r}; configured: {', '.join(s.name for s in self.sources)}")
+
+
+def _substitute(value: Any, where: str) -> Any:
+    """Replace ${VAR} and ${VAR:-default} in every string of the parsed YAML."""
+    if isinstance(value, dict):
+        return {k: _substitute(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_substitute(v, f"{where}.{i}") for i, v in enumerate(value)]
+    if isinstance(value, str):
+
+        def repl(m: re.Match[str]) -> str:
+            var, default = m.group(1), m.group(2)
+            got = os.environ.get(var)
+            if got is None or got == "" and default is not None:
+                if default is None:
+                    raise ConfigError(f"{where}: environment variable {var} is not set")
+                return default
+            return got
+
+        return _ENV_REF.sub(repl, value)
+    return value
+
+
+def _format_validation_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"] if p not in ("postgres", "mongodb"))
+        if e["type"] == "extra_forbidden":
+            lines.append(f"{key}: unknown key")
+        elif e["type"] == "missing":
+            lines.append(f"{key}: required key is missing")
+        else:
+            shown = e.get("input")
+            shown_s = "" if isinstance(shown, dict | list) else f" (got {shown!r})"
+            if "dsn" in key or "uri" in key:
+                shown_s = ""  # never echo a connection string: it may hold a password
+            lines.append(f"{key}: {e['msg']}{shown_s}")
+    return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def parse_config(text: str, origin: str = "<config>") -> Config:
+    """Parse and validate YAML text; raise ConfigError naming the offending key and value."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{origin}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{origin}: expected a mapping at the top level, got {type(raw).__name__}")
+    raw = _substitute(raw, "")
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(f"{origin}: {_format_validation_error(e)}") from None
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate the YAML config file at `path`."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read config {p}: {e.strerror}") from None
+    return parse_config(text, str(p))

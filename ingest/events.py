@@ -1,0 +1,119 @@
+"""The values that cross module boundaries: change events, relation shapes and writer positions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Action(StrEnum):
+    """What a change event did (bronze `action`)."""
+
+    INSERT = "insert"
+    UPDATE = "update"
+    DELETE = "delete"
+    TRUNCATE = "truncate"
+    MESSAGE = "message"
+
+
+class WriterKind(StrEnum):
+    """Which kind of writer appends to bronze for a source (DESIGN §4)."""
+
+    STREAM = "stream"
+    SNAPSHOT = "snapshot"
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeEvent:
+    """One source change message, as bronze.wal_events stores it (docs/bronze.md).
+
+    `record`, `old_record`, `record_pk` and `old_record_pk` are JSON object texts already encoded
+    by the source's decoder; the bronze writer does not look inside them.
+    """
+
+    commit_lsn: int
+    commit_index: int
+    xid: int
+    commit_ts_us: int  # Unix epoch microseconds (UTC)
+    action: Action
+    table_schema: str | None = None
+    table_name: str | None = None
+    relation_id: int | None = None
+    record_pk: str | None = None
+    old_record_pk: str | None = None
+    record: str | None = None
+    old_record: str | None = None
+    unchanged_toast: tuple[str, ...] | None = None
+    truncated_tables: tuple[str, ...] | None = None
+    truncate_options: int | None = None
+    message_prefix: str | None = None
+    message_content: str | None = None
+    message_transactional: bool | None = None
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """The event's order within its source: `(commit_lsn, commit_index)`, compared as a pair."""
+        return (self.commit_lsn, self.commit_index)
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnShape:
+    """One column of a source table as bronze.source_relations records it."""
+
+    name: str
+    type_oid: int
+    type_name: str
+    type_modifier: int
+    is_key: bool
+    pk_position: int | None
+    json_kind: str
+
+
+@dataclass(frozen=True, slots=True)
+class RelationShape:
+    """The shape (columns and key) of one source table at some point of the stream."""
+
+    relation_id: int
+    table_schema: str
+    table_name: str
+    replica_identity: str
+    columns: tuple[ColumnShape, ...]
+    first_seen_lsn: int
+
+    @property
+    def shape_hash(self) -> str:
+        """A stable id of (schema, table, columns): a new hash means the table changed shape."""
+        import hashlib
+
+        parts = [self.table_schema, self.table_name, self.replica_identity]
+        parts += [f"{c.name}:{c.type_oid}:{c.type_modifier}:{c.pk_position}" for c in self.columns]
+        return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True, slots=True)
+class WriterPosition:
+    """A writer's durable position in bronze.stream_positions (DESIGN §4).
+
+    `durable_lsn`: every event of this writer with commit_lsn <= it is committed to bronze.
+    `ack_lsn`: what the source was (or may now be) acknowledged with.
+    """
+
+    source: str
+    writer_id: str
+    writer_kind: WriterKind
+    durable_lsn: int
+    ack_lsn: int
+    resume_token: str | None = None
+
+
+def lsn_to_int(text: str) -> int:
+    """Parse a Postgres LSN `'16/B374D848'` to its 64-bit integer."""
+    hi, _, lo = text.partition("/")
+    if not lo:
+        raise ValueError(f"not an LSN: {text!r}")
+    return (int(hi, 16) << 32) | int(lo, 16)
+
+
+def int_to_lsn(value: int) -> str:
+    """Format a 64-bit integer LSN as Postgres prints it (`'16/B374D848'`)."""
+    return f"{value >> 32:X}/{value & 0xFFFFFFFF:X}"

@@ -1,0 +1,200 @@
+"""Postgres catalog work over a normal connection: checks, publication, slot, keys, health."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import sql
+
+from ingest.config import PostgresSource
+from ingest.errors import SlotInvalidatedError, SourceError
+from ingest.events import lsn_to_int
+from ingest.sources.postgres.replication import safe_dsn, session_conninfo
+
+HEARTBEAT_PREFIX = "changelake.heartbeat"
+DRAIN_PREFIX = "changelake.drain"
+
+
+@dataclass(frozen=True, slots=True)
+class SlotHealth:
+    """What `status` shows of a slot: its confirmed position, lag and WAL retention state."""
+
+    slot: str
+    confirmed_flush_lsn: int | None
+    current_wal_lsn: int
+    wal_status: str | None
+    active_pid: int | None
+
+    @property
+    def lag_bytes(self) -> int | None:
+        """WAL the slot still holds back: current WAL position minus the confirmed flush LSN."""
+        if self.confirmed_flush_lsn is None:
+            return None
+        return max(0, self.current_wal_lsn - self.confirmed_flush_lsn)
+
+
+def connect(src: PostgresSource) -> psycopg.Connection[tuple[object, ...]]:
+    """An autocommit connection with deterministic value output; SourceError if it fails."""
+    try:
+        return psycopg.connect(session_conninfo(src.dsn), autocommit=True)
+    except psycopg.OperationalError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else "connection failed"
+        raise SourceError(f"source {src.name!r}: cannot connect to {safe_dsn(src.dsn)}: {first}") from None
+
+
+class PostgresAdmin:
+    """Owns the non-replication connection of one Postgres source.
+
+    Responsibilities: check the server is set up for logical decoding, create the publication
+    and slot when missing (idempotently), look up primary keys, emit heartbeats and drain
+    markers, and report slot health.
+    """
+
+    def __init__(self, src: PostgresSource) -> None:
+        """Connect to `src` (SourceError with the DSN minus its password if that fails)."""
+        self.src = src
+        self.conn = connect(src)
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.conn.close()
+
+    def _one(self, query: str | sql.Composed, params: tuple[object, ...] = ()) -> tuple[object, ...] | None:
+        with self.conn.cursor() as cur:
+            cur.execute(query, params)
+            return cur.fetchone()
+
+    def check_server(self) -> None:
+        """wal_level must be logical; the role must be allowed to replicate."""
+        row = self._one("select current_setting('wal_level'), r.rolreplication or r.rolsuper "
+                        "from pg_roles r where r.rolname = current_user")
+        assert row is not None
+        wal_level, can_replicate = row
+        if wal_level != "logical":
+            raise SourceError(
+                f"source {self.src.name!r}: wal_level is {wal_level!r}; logical decoding needs "
+                "wal_level = logical in postgresql.conf and a server restart"
+            )
+        if not can_replicate:
+            raise SourceError(
+                f"source {self.src.name!r}: role lacks the REPLICATION attribute; "
+                "run ALTER ROLE <user> REPLICATION as a superuser"
+            )
+
+    def check_tables(self) -> None:
+        """Every configured table exists and can be keyed (a primary key or REPLICA IDENTITY FULL)."""
+        for qualified in self.src.tables:
+            schema, table = qualified.split(".")
+            row = self._one(
+                "select c.relreplident, exists(select 1 from pg_index i where i.indrelid = c.oid and i.indisprimary) "
+                "from pg_class c join pg_namespace n on n.oid = c.relnamespace "
+                "where n.nspname = %s and c.relname = %s and c.relkind in ('r', 'p')",
+                (schema, table),
+            )
+            if row is None:
+                raise SourceError(f"source {self.src.name!r}: configured table {qualified} does not exist")
+            replident, has_pk = row
+            if not has_pk and replident != "f":
+                raise SourceError(
+                    f"source {self.src.name!r}: table {qualified} has no primary key and no REPLICA IDENTITY "
+                    f"FULL, so its updates and deletes cannot be keyed; add a primary key or run "
+                    f"ALTER TABLE {qualified} REPLICA IDENTITY FULL"
+                )
+
+    def ensure_publication(self) -> None:
+        """Create the publication for the configured tables, or add tables missing from it."""
+        name = self.src.publication_name
+        exists = self._one("select 1 from pg_publication where pubname = %s", (name,))
+        tables = [sql.Identifier(*t.split(".")) for t in self.src.tables]
+        if exists is None:
+            if not self.src.create_publication:
+                raise SourceError(
+                    f"source {self.src.name!r}: publication {name!r} does not exist and create_publication "
+                    "is false; create it with CREATE PUBLICATION ... FOR TABLE ..."
+                )
+            try:
+                self.conn.execute(
+                    sql.SQL("create publication {} for table {}").format(sql.Identifier(name), sql.SQL(", ").join(tables))
+                )
+            except psycopg.errors.InsufficientPrivilege as e:
+                raise SourceError(f"source {self.src.name!r}: cannot create publication {name!r}: {e}") from None
+            return
+        with self.conn.cursor() as cur:
+            cur.execute("select schemaname || '.' || tablename from pg_publication_tables where pubname = %s", (name,))
+            have = {r[0] for r in cur.fetchall()}
+        missing = [t for t in self.src.tables if t not in have]
+        if missing and self.src.create_publication:
+            self.conn.execute(
+                sql.SQL("alter publication {} add table {}").format(
+                    sql.Identifier(name), sql.SQL(", ").join(sql.Identifier(*t.split(".")) for t in missing)
+                )
+            )
+        elif missing:
+            raise SourceError(f"source {self.src.name!r}: publication {name!r} lacks tables {', '.join(missing)}")
+
+    def ensure_slot(self) -> bool:
+        """Create the pgoutput slot if missing; True if it was created. Invalidated slot: loud error."""
+        slot = self.src.slot_name
+        row = self._one("select plugin, wal_status from pg_replication_slots where slot_name = %s", (slot,))
+        if row is None:
+            self._one("select pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+            return True
+        plugin, wal_status = row
+        if plugin != "pgoutput":
+            raise SourceError(f"source {self.src.name!r}: slot {slot!r} uses plugin {plugin!r}, not pgoutput")
+        if wal_status == "lost":
+            raise SlotInvalidatedError(
+                f"source {self.src.name!r}: replication slot {slot!r} is invalidated (wal_status = lost): the "
+                "server removed WAL it still needed, so changes were lost. Recover: "
+                f"select pg_drop_replication_slot('{slot}'); then run changelake-ingest again (it recreates "
+                "the slot) and re-snapshot every table of the source (changelake-ingest snapshot)."
+            )
+        return False
+
+    def primary_key(self, relation_id: int) -> list[str]:
+        """Primary-key column names of `relation_id` in key order (empty if it has none)."""
+        with self.conn.cursor() as cur:
+            cur.execute(
+                "select a.attname from pg_index i cross join lateral unnest(i.indkey) with ordinality k(attnum, ord) "
+                "join pg_attribute a on a.attrelid = i.indrelid and a.attnum = k.attnum "
+                "where i.indrelid = %s and i.indisprimary order by k.ord",
+                (relation_id,),
+            )
+            return [r[0] for r in cur.fetchall()]
+
+    def type_names(self, oids: list[int]) -> dict[int, str]:
+        """format_type() of each oid (for bronze.source_relations)."""
+        with self.conn.cursor() as cur:
+            cur.execute("select oid::bigint, format_type(oid, null) from pg_type where oid = any(%s)", (oids,))
+            return {int(r[0]): str(r[1]) for r in cur.fetchall()}
+
+    def type_catalog_rows(self, query: str) -> list[tuple[object, ...]]:
+        """Rows of `query` (the value mapper's pg_type query)."""
+        with self.conn.cursor() as cur:
+            cur.execute(query)
+            return cur.fetchall()
+
+    def emit_message(self, prefix: str, content: str) -> int:
+        """Commit a transactional logical message; returns its LSN. Used as heartbeat and drain marker."""
+        row = self._one("select pg_logical_emit_message(true, %s, %s)::text", (prefix, content))
+        assert row is not None
+        return lsn_to_int(str(row[0]))
+
+    def slot_health(self) -> SlotHealth:
+        """Confirmed position, current WAL position, wal_status and active PID of the slot."""
+        slot = self.src.slot_name
+        row = self._one(
+            "select s.confirmed_flush_lsn::text, pg_current_wal_lsn()::text, s.wal_status, s.active_pid "
+            "from (select 1) one left join pg_replication_slots s on s.slot_name = %s",
+            (slot,),
+        )
+        assert row is not None
+        flush, cur, wal_status, pid = row
+        return SlotHealth(
+            slot,
+            lsn_to_int(str(flush)) if flush else None,
+            lsn_to_int(str(cur)),
+            str(wal_status) if wal_status else None,
+            int(str(pid)) if pid is not None else None,
+        )

@@ -1,0 +1,246 @@
+"""Streams one Postgres source into bronze: slot -> ChangeBuilder -> BronzeWriter -> acknowledge.
+
+The order of a batch is fixed (DESIGN §3): append events to Delta, raise this writer's row in
+bronze.stream_positions, and only then send the slot the flush LSN. A crash anywhere re-reads
+from the slot; events already in bronze are skipped by position, so none is lost or doubled.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import UTC, datetime
+
+from ingest import faults
+from ingest.bronze.writer import BronzeWriter
+from ingest.config import BatchConfig, PostgresSource
+from ingest.events import ChangeEvent, WriterKind, WriterPosition
+from ingest.progress import Progress
+from ingest.sources.postgres.admin import DRAIN_PREFIX, HEARTBEAT_PREFIX, PostgresAdmin
+from ingest.sources.postgres.changes import ChangeBuilder, TxnEnd
+from ingest.sources.postgres.pgoutput import decode
+from ingest.sources.postgres.replication import Keepalive, ReplicationStream, XLogData
+from ingest.sources.postgres.values import TYPE_CATALOG_SQL, Encoder, TypeCatalog
+
+log = logging.getLogger(__name__)
+
+STREAM_WRITER_ID = "stream"
+READ_TIMEOUT_S = 0.2
+IDLE_POSITION_INTERVAL_S = 10.0  # how often an idle stream raises its row to the observed WAL end
+STATUS_INTERVAL_S = 10.0  # standby status updates even when the server does not ask
+
+
+def prepare_source(src: PostgresSource) -> PostgresAdmin:
+    """Check the source and create what is missing (publication, slot); returns the admin connection."""
+    admin = PostgresAdmin(src)
+    try:
+        admin.check_server()
+        admin.check_tables()
+        admin.ensure_publication()
+        if admin.ensure_slot():
+            log.info("created slot source=%s slot=%s", src.name, src.slot_name)
+    except BaseException:
+        admin.close()
+        raise
+    return admin
+
+
+class PgCatalog:
+    """The ChangeBuilder's view of the source catalog: keys, type names and value encoders."""
+
+    def __init__(self, admin: PostgresAdmin) -> None:
+        """Load pg_type once; reloaded when a type created later shows up."""
+        self.admin = admin
+        self.types = TypeCatalog.from_rows(admin.type_catalog_rows(TYPE_CATALOG_SQL))
+        self._names: dict[int, str] = {}
+
+    def primary_key(self, relation_id: int) -> list[str]:
+        """Primary-key columns of the relation, in key order."""
+        return self.admin.primary_key(relation_id)
+
+    def _known(self, type_oid: int) -> None:
+        if type_oid not in self._names:
+            self.types = TypeCatalog.from_rows(self.admin.type_catalog_rows(TYPE_CATALOG_SQL))
+            self._names.update(self.admin.type_names([type_oid]))
+
+    def encoder(self, type_oid: int) -> Encoder:
+        """Encoder of the type's text output to JSON."""
+        self._known(type_oid)
+        return self.types.column_encoder(type_oid)
+
+    def json_kind(self, type_oid: int) -> str:
+        """The JSON mapping name of the type."""
+        self._known(type_oid)
+        return self.types.json_kind(type_oid)
+
+    def type_name(self, type_oid: int) -> str:
+        """format_type() of the type."""
+        self._known(type_oid)
+        return self._names.get(type_oid, str(type_oid))
+
+
+class PostgresCapture:
+    """Owns the stream writer of one Postgres source.
+
+    Responsibilities: set the source up (checks, publication, slot), register the writer, stream
+    and batch on transaction boundaries (a transaction larger than a batch is written in pages),
+    make each batch durable before acknowledging it, heartbeat an idle source, and drain to the
+    source's current position for `--once`.
+    """
+
+    def __init__(self, src: PostgresSource, batch: BatchConfig, writer: BronzeWriter, progress: Progress) -> None:
+        """Prepare to capture `src` into `writer`'s bronze tables."""
+        self.src = src
+        self.batch = batch
+        self.writer = writer
+        self.progress = progress
+        self.durable_lsn = 0
+        self.ack_lsn = 0
+        self.started_at = datetime.now(UTC)
+        self.skipped = 0
+
+    def _register(self, admin: PostgresAdmin) -> None:
+        self.writer.ensure_tables()
+        mine = [(p, t) for p, t in self.writer.positions(self.src.name) if p.writer_id == STREAM_WRITER_ID]
+        health = admin.slot_health()
+        slot_pos = health.confirmed_flush_lsn or 0
+        if mine:
+            self.durable_lsn, self.ack_lsn = mine[0][0].durable_lsn, mine[0][0].ack_lsn
+        else:
+            # A new writer starts where the slot starts: nothing before it will ever be sent.
+            self.durable_lsn = self.ack_lsn = slot_pos
+            self._raise()
+
+    def _raise(self) -> None:
+        self.writer.raise_position(
+            WriterPosition(self.src.name, STREAM_WRITER_ID, WriterKind.STREAM, self.durable_lsn, self.ack_lsn),
+            self.started_at,
+        )
+
+    def run(self, once: bool, should_stop: Callable[[], bool]) -> None:
+        """Capture until `should_stop()` (or, with `once`, until the source's current position)."""
+        admin = prepare_source(self.src)
+        try:
+            t0 = time.monotonic()
+            self._register(admin)
+            skip_upto = self.writer.last_event_position(self.src.name, STREAM_WRITER_ID, self.durable_lsn)
+            known = self.writer.known_shapes(self.src.name)
+            log.info("registered source=%s writer=%s durable_lsn=%d skip_upto=%s seconds=%.1f",
+                     self.src.name, STREAM_WRITER_ID, self.durable_lsn, skip_upto, time.monotonic() - t0)
+            builder = ChangeBuilder(PgCatalog(admin))
+            stream = ReplicationStream(self.src.dsn, self.src.slot_name, self.src.publication_name)
+            stream.open()
+            try:
+                self._loop(admin, stream, builder, known, skip_upto, once, should_stop)
+            finally:
+                stream.close()
+        finally:
+            admin.close()
+
+    def _loop(
+        self,
+        admin: PostgresAdmin,
+        stream: ReplicationStream,
+        builder: ChangeBuilder,
+        known: set[str],
+        skip_upto: tuple[int, int] | None,
+        once: bool,
+        should_stop: Callable[[], bool],
+    ) -> None:
+        drain_token = uuid.uuid4().hex if once else None
+        if drain_token:
+            admin.emit_message(DRAIN_PREFIX, drain_token)
+        drained = False
+        pending: list[ChangeEvent] = []
+        completed: TxnEnd | None = None
+        batch_started = 0.0
+        last_activity = last_status = last_idle_raise = time.monotonic()
+        wal_end = self.ack_lsn
+        max_events, max_seconds = self.batch.max_events, self.batch.max_seconds
+
+        def flush() -> None:
+            nonlocal skip_upto
+            shapes = [s for s in builder.new_shapes if s.shape_hash not in known]
+            builder.new_shapes.clear()
+            self.writer.append_relations(self.src.name, shapes)
+            known.update(s.shape_hash for s in shapes)
+            t0 = time.monotonic()
+            n = len(pending)
+            if pending:
+                faults.hit("before_events_commit")
+                self.writer.append_events(self.src.name, "postgres", STREAM_WRITER_ID, pending)
+                faults.hit("mid_transaction_flush" if builder.in_txn else "after_events_commit")
+                self.progress.add(len(pending))
+                skip_upto = pending[-1].position
+                pending.clear()
+            if completed is not None and completed.commit_lsn > self.durable_lsn:
+                self.durable_lsn = completed.commit_lsn
+                self.ack_lsn = max(self.ack_lsn, completed.end_lsn)
+                self._raise()
+                faults.hit("after_position_commit")
+                stream.send_status(self.ack_lsn)
+                faults.hit("after_ack")
+            log.info("flushed source=%s events=%d durable_lsn=%d seconds=%.2f",
+                     self.src.name, n, self.durable_lsn, time.monotonic() - t0)
+
+        while not should_stop():
+            now = time.monotonic()
+            msg = stream.read(READ_TIMEOUT_S)
+            if isinstance(msg, XLogData):
+                last_activity = now
+                wal_end = max(wal_end, msg.wal_end)
+                out = builder.feed(decode(msg.payload))
+                if out is None:
+                    continue
+                if isinstance(out, TxnEnd):
+                    completed = out
+                    if drained or len(pending) >= max_events or (pending and now - batch_started >= max_seconds):
+                        flush()
+                    if drained:
+                        break
+                    continue
+                if not builder.in_txn:  # a non-transactional logical message: a unit of its own
+                    out = replace(out, commit_ts_us=int(time.time() * 1_000_000))
+                    completed = TxnEnd(out.commit_lsn, out.commit_lsn, out.commit_ts_us)
+                if drain_token and out.message_prefix == DRAIN_PREFIX and out.message_content == drain_token:
+                    drained = True
+                if out.commit_lsn <= self.durable_lsn or (skip_upto is not None and out.position <= skip_upto):
+                    self.skipped += 1  # re-delivered after a restart; already durable in bronze
+                    continue
+                if not pending:
+                    batch_started = now
+                pending.append(out)
+                if len(pending) >= max_events and builder.in_txn:
+                    flush()  # a transaction larger than a batch goes to bronze in pages
+                continue
+            if isinstance(msg, Keepalive):
+                wal_end = max(wal_end, msg.wal_end)
+                idle = not builder.in_txn and not pending
+                if idle and msg.wal_end > self.ack_lsn:
+                    # Everything sent up to wal_end is durable: an idle writer reports what it observed.
+                    self.ack_lsn = msg.wal_end
+                    if now - last_idle_raise >= IDLE_POSITION_INTERVAL_S:
+                        self.durable_lsn = max(self.durable_lsn, msg.wal_end)
+                        self._raise()
+                        last_idle_raise = now
+                if msg.reply_requested:
+                    stream.send_status(self.ack_lsn)
+                    last_status = now
+            elif pending and not builder.in_txn and now - batch_started >= max_seconds:
+                flush()
+            if now - last_status >= STATUS_INTERVAL_S:
+                stream.send_status(self.ack_lsn)
+                last_status = now
+            if not once and now - last_activity >= self.src.heartbeat_seconds:
+                admin.emit_message(HEARTBEAT_PREFIX, datetime.now(UTC).isoformat())
+                last_activity = now
+            self.progress.tick(max(0, wal_end - self.durable_lsn))
+        # Stopping: make complete transactions durable; a partial one is re-read next time.
+        if pending or (completed is not None and completed.commit_lsn > self.durable_lsn):
+            flush()
+        if self.ack_lsn > self.durable_lsn and not builder.in_txn:
+            self.durable_lsn = self.ack_lsn
+            self._raise()

@@ -1,0 +1,254 @@
+"""Turns decoded pgoutput messages into ChangeEvents: transaction framing, commit_index, JSON rows.
+
+Pure: no I/O. What it needs from the database (primary keys, type names) it asks a `Catalog`
+the adapter implements; the value mapping lives in `values.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from ingest.errors import SourceError
+from ingest.events import Action, ChangeEvent, ColumnShape, RelationShape
+from ingest.sources.postgres.pgoutput import (
+    UNCHANGED_TOAST,
+    Begin,
+    Commit,
+    Delete,
+    Insert,
+    LogicalMessage,
+    Origin,
+    PgOutputMessage,
+    Relation,
+    TupleData,
+    TypeInfo,
+    Update,
+    Truncate,
+    pg_to_unix_us,
+)
+
+
+class Catalog(Protocol):
+    """What the change builder asks of the source's catalog (implemented with I/O elsewhere)."""
+
+    def primary_key(self, relation_id: int) -> list[str]:
+        """Primary-key column names in key order; empty if none."""
+
+    def encoder(self, type_oid: int) -> Callable[[bytes], str]:
+        """A function from a pgoutput text value to its JSON fragment."""
+
+    def json_kind(self, type_oid: int) -> str:
+        """The name of the JSON mapping used for the type."""
+
+    def type_name(self, type_oid: int) -> str:
+        """format_type() of the type."""
+
+
+@dataclass(frozen=True, slots=True)
+class TxnEnd:
+    """A source transaction is complete: events up to it may be made durable and acknowledged."""
+
+    commit_lsn: int
+    end_lsn: int
+    commit_ts_us: int
+
+
+@dataclass(slots=True)
+class _Rel:
+    schema: str
+    name: str
+    names: tuple[str, ...]
+    keys_json: tuple[str, ...]  # '"col":' prefixes
+    encoders: tuple[Callable[[bytes], str], ...]
+    pk_idx: tuple[int, ...]
+    shape: RelationShape
+
+
+def _json_key(name: str) -> str:
+    import json
+
+    return json.dumps(name, ensure_ascii=False) + ":"
+
+
+class ChangeBuilder:
+    """Consumes pgoutput messages in stream order and emits ChangeEvents and TxnEnds.
+
+    Responsibilities: track the open transaction (commit LSN from Begin, xid, commit time), number
+    every Insert/Update/Delete/Truncate/Message from 0 (DESIGN §2), keep the relation cache, encode
+    rows and keys to JSON, and collect table shapes not seen before (for bronze.source_relations).
+    """
+
+    def __init__(self, catalog: Catalog) -> None:
+        """Start outside any transaction with an empty relation cache."""
+        self.catalog = catalog
+        self._rels: dict[int, _Rel] = {}
+        self.in_txn = False
+        self._commit_lsn = 0
+        self._xid = 0
+        self._ts = 0
+        self._index = 0
+        self.new_shapes: list[RelationShape] = []
+
+    # -- relations -------------------------------------------------------------------------
+    def _relation(self, msg: Relation) -> None:
+        names = tuple(c.name for c in msg.columns)
+        pk = self.catalog.primary_key(msg.relation_id)
+        if not pk:
+            if msg.replica_identity != "f":
+                raise SourceError(
+                    f"table {msg.namespace}.{msg.name} has no primary key and no REPLICA IDENTITY FULL"
+                )
+            pk = list(names)
+        missing = [k for k in pk if k not in names]
+        if missing:
+            raise SourceError(f"table {msg.namespace}.{msg.name}: key columns {missing} not in the relation")
+        pk_idx = tuple(names.index(k) for k in pk)
+        cols = tuple(
+            ColumnShape(
+                name=c.name,
+                type_oid=c.type_oid,
+                type_name=self.catalog.type_name(c.type_oid),
+                type_modifier=c.type_modifier,
+                is_key=bool(c.flags & 1),
+                pk_position=pk.index(c.name) + 1 if c.name in pk else None,
+                json_kind=self.catalog.json_kind(c.type_oid),
+            )
+            for c in msg.columns
+        )
+        shape = RelationShape(
+            msg.relation_id, msg.namespace, msg.name, msg.replica_identity, cols, self._commit_lsn
+        )
+        old = self._rels.get(msg.relation_id)
+        if old is None or old.shape.shape_hash != shape.shape_hash:
+            self.new_shapes.append(shape)
+        self._rels[msg.relation_id] = _Rel(
+            msg.namespace,
+            msg.name,
+            names,
+            tuple(_json_key(n) for n in names),
+            tuple(self.catalog.encoder(c.type_oid) for c in msg.columns),
+            pk_idx,
+            shape,
+        )
+
+    def _rel(self, relation_id: int) -> _Rel:
+        rel = self._rels.get(relation_id)
+        if rel is None:
+            raise SourceError(f"pgoutput sent a change for relation {relation_id} before its Relation message")
+        return rel
+
+    # -- encoding --------------------------------------------------------------------------
+    @staticmethod
+    def _record(rel: _Rel, tup: TupleData) -> tuple[str, tuple[str, ...] | None]:
+        parts: list[str] = []
+        toast: list[str] | None = None
+        for i, v in enumerate(tup):
+            if v is None:
+                parts.append(rel.keys_json[i] + "null")
+            elif v is UNCHANGED_TOAST:
+                if toast is None:
+                    toast = []
+                toast.append(rel.names[i])
+            else:
+                parts.append(rel.keys_json[i] + rel.encoders[i](v))  # type: ignore[arg-type]
+        return "{" + ",".join(parts) + "}", (tuple(toast) if toast else None)
+
+    @staticmethod
+    def _pk(rel: _Rel, tup: TupleData) -> str:
+        parts = []
+        for i in rel.pk_idx:
+            v = tup[i]
+            if v is None or v is UNCHANGED_TOAST:
+                parts.append(rel.keys_json[i] + "null")
+            else:
+                parts.append(rel.keys_json[i] + rel.encoders[i](v))  # type: ignore[arg-type]
+        return "{" + ",".join(parts) + "}"
+
+    # -- events ----------------------------------------------------------------------------
+    def _event(self, action: Action, **kw: object) -> ChangeEvent:
+        ev = ChangeEvent(self._commit_lsn, self._index, self._xid, self._ts, action, **kw)  # type: ignore[arg-type]
+        self._index += 1
+        return ev
+
+    def feed(self, msg: PgOutputMessage) -> ChangeEvent | TxnEnd | None:
+        """Take the next message; return the event or transaction end it produces, if any."""
+        t = type(msg)
+        if t is Insert:
+            assert isinstance(msg, Insert)
+            rel = self._rel(msg.relation_id)
+            record, toast = self._record(rel, msg.new)
+            return self._event(
+                Action.INSERT, table_schema=rel.schema, table_name=rel.name, relation_id=msg.relation_id,
+                record_pk=self._pk(rel, msg.new), record=record, unchanged_toast=toast,
+            )
+        if t is Update:
+            assert isinstance(msg, Update)
+            rel = self._rel(msg.relation_id)
+            record, toast = self._record(rel, msg.new)
+            pk = self._pk(rel, msg.new)
+            old_record = old_pk = None
+            if msg.old is not None:
+                old_record, _ = self._record(rel, msg.old)
+                old_pk = self._pk(rel, msg.old)
+                if old_pk == pk:
+                    old_pk = None
+            return self._event(
+                Action.UPDATE, table_schema=rel.schema, table_name=rel.name, relation_id=msg.relation_id,
+                record_pk=pk, old_record_pk=old_pk, record=record, old_record=old_record, unchanged_toast=toast,
+            )
+        if t is Delete:
+            assert isinstance(msg, Delete)
+            rel = self._rel(msg.relation_id)
+            old_record, _ = self._record(rel, msg.old)
+            return self._event(
+                Action.DELETE, table_schema=rel.schema, table_name=rel.name, relation_id=msg.relation_id,
+                record_pk=self._pk(rel, msg.old), old_record=old_record,
+            )
+        if t is Begin:
+            assert isinstance(msg, Begin)
+            if self.in_txn:
+                raise SourceError("pgoutput sent Begin inside an open transaction")
+            self.in_txn = True
+            self._commit_lsn, self._xid, self._ts = msg.final_lsn, msg.xid, pg_to_unix_us(msg.commit_ts_us)
+            self._index = 0
+            return None
+        if t is Commit:
+            assert isinstance(msg, Commit)
+            if not self.in_txn:
+                raise SourceError("pgoutput sent Commit outside a transaction")
+            if msg.commit_lsn != self._commit_lsn:
+                raise SourceError(
+                    f"Commit LSN {msg.commit_lsn} does not match the Begin's final LSN {self._commit_lsn}"
+                )
+            self.in_txn = False
+            return TxnEnd(msg.commit_lsn, msg.end_lsn, pg_to_unix_us(msg.commit_ts_us))
+        if t is Relation:
+            assert isinstance(msg, Relation)
+            self._relation(msg)
+            return None
+        if t is Truncate:
+            assert isinstance(msg, Truncate)
+            rels = [self._rel(r) for r in msg.relation_ids]
+            return self._event(
+                Action.TRUNCATE, table_schema=rels[0].schema, table_name=rels[0].name,
+                relation_id=msg.relation_ids[0], truncated_tables=tuple(f"{r.schema}.{r.name}" for r in rels),
+                truncate_options=msg.options,
+            )
+        if t is LogicalMessage:
+            assert isinstance(msg, LogicalMessage)
+            content = msg.content.decode("utf-8", errors="replace")
+            if not msg.transactional:
+                # Outside any transaction: its own unit at its LSN (index 0), complete at once.
+                ev = ChangeEvent(
+                    msg.lsn, 0, 0, 0, Action.MESSAGE, message_prefix=msg.prefix,
+                    message_content=content, message_transactional=False,
+                )
+                return ev
+            return self._event(
+                Action.MESSAGE, message_prefix=msg.prefix, message_content=content, message_transactional=True
+            )
+        if t is TypeInfo or t is Origin:
+            return None  # types are resolved through the catalog; origins are not part of bronze
+        raise SourceError(f"no handling for pgoutput message {msg!r}")  # decode() only yields known types

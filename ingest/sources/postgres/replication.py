@@ -1,0 +1,168 @@
+"""The pgoutput transport: START_REPLICATION on a replication connection via psycopg's libpq layer.
+
+psycopg 3 has no replication API, so this module speaks the streaming-replication sub-protocol
+directly over `psycopg.pq.PGconn` (COPY BOTH): XLogData and keepalive messages in, standby status
+updates out. It decodes nothing of pgoutput itself.
+"""
+
+from __future__ import annotations
+
+import select
+import struct
+import time
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import pq
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from ingest.errors import SlotInvalidatedError, SourceError
+
+MSG_XLOGDATA = ord("w")
+MSG_KEEPALIVE = ord("k")
+MSG_STANDBY_STATUS = b"r"
+XLOGDATA_HEADER = struct.Struct("!QQQ")  # wal_start, wal_end, send_time
+KEEPALIVE = struct.Struct("!QQB")  # wal_end, send_time, reply_requested
+STANDBY_STATUS = struct.Struct("!cQQQQB")  # 'r', written, flushed, applied, client_time, reply
+PG_EPOCH_OFFSET_US = 946_684_800_000_000  # 2000-01-01 - 1970-01-01 in microseconds
+PROTO_VERSION = "1"
+
+# Output functions in the walsender run with these settings, so `record` values are deterministic.
+SESSION_OPTIONS = "-c DateStyle=ISO -c TimeZone=UTC -c IntervalStyle=iso_8601 -c extra_float_digits=3"
+
+
+@dataclass(frozen=True, slots=True)
+class XLogData:
+    """One pgoutput message and the WAL position the server sent it at."""
+
+    wal_start: int
+    wal_end: int
+    payload: memoryview
+
+
+@dataclass(frozen=True, slots=True)
+class Keepalive:
+    """The server's keepalive: how far it has sent, and whether it wants a status reply now."""
+
+    wal_end: int
+    reply_requested: bool
+
+
+def safe_dsn(dsn: str) -> str:
+    """The DSN with any password removed, for logs and errors."""
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "<unparseable DSN>"
+    params.pop("password", None)
+    return make_conninfo(**{k: str(v) for k, v in params.items()})
+
+
+def session_conninfo(dsn: str, **extra: str) -> str:
+    """`dsn` plus the session options that make value output deterministic."""
+    params = conninfo_to_dict(dsn)
+    opts = f"{params.get('options', '')} {SESSION_OPTIONS}".strip()
+    return make_conninfo(dsn, options=opts, **extra)
+
+
+class ReplicationStream:
+    """Owns one replication connection streaming a logical slot.
+
+    Responsibilities: connect with `replication=database`, start pgoutput (protocol 1, logical
+    messages on), hand out XLogData/keepalive messages, and send standby status updates. Flushing
+    an LSN tells the server it may recycle WAL up to it: a slot left unacknowledged keeps all WAL
+    since its confirmed position on the server's disk (bounded by max_slot_wal_keep_size, after
+    which the slot is invalidated).
+    """
+
+    def __init__(self, dsn: str, slot: str, publication: str, start_lsn: int = 0) -> None:
+        """Prepare a stream of `slot` over `publication`, from `start_lsn` (0 = the slot's own)."""
+        self.dsn = dsn
+        self.slot = slot
+        self.publication = publication
+        self.start_lsn = start_lsn
+        self._conn: pq.abc.PGconn | None = None
+        self.bytes_received = 0
+
+    def open(self) -> None:
+        """Connect and send START_REPLICATION; SourceError names what the server refused."""
+        conninfo = session_conninfo(self.dsn, replication="database")
+        conn = pq.PGconn.connect(conninfo.encode())
+        if conn.status != pq.ConnStatus.OK:
+            msg = conn.get_error_message()
+            conn.finish()
+            raise SourceError(f"cannot open a replication connection to {safe_dsn(self.dsn)}: {msg.strip()}")
+        lsn = f"{self.start_lsn >> 32:X}/{self.start_lsn & 0xFFFFFFFF:X}"
+        pub = self.publication.replace("'", "''")
+        cmd = (
+            f'START_REPLICATION SLOT "{self.slot}" LOGICAL {lsn} '
+            f"(proto_version '{PROTO_VERSION}', publication_names '\"{pub}\"', messages 'true')"
+        )
+        conn.send_query(cmd.encode())
+        res = conn.get_result()
+        if res is None or res.status != pq.ExecStatus.COPY_BOTH:
+            msg = conn.get_error_message().strip() or (res.error_message.decode() if res else "no result")
+            conn.finish()
+            if "can no longer get changes" in msg or "invalidated" in msg:
+                raise SlotInvalidatedError(
+                    f"replication slot {self.slot!r} is invalidated ({msg}). Changes since its last position "
+                    "are gone from the WAL: drop it (select pg_drop_replication_slot('"
+                    f"{self.slot}')), run ingest again to recreate it, and re-snapshot the tables."
+                )
+            if "is active for PID" in msg:
+                raise SourceError(
+                    f"replication slot {self.slot!r} is in use by another process ({msg}); "
+                    "stop the other changelake-ingest (or consumer) first"
+                )
+            raise SourceError(f"START_REPLICATION on slot {self.slot!r} failed: {msg}")
+        conn.nonblocking = 1
+        self._conn = conn
+
+    def read(self, timeout_s: float) -> XLogData | Keepalive | None:
+        """The next message, or None if none arrived within `timeout_s` seconds."""
+        conn = self._conn
+        assert conn is not None, "open() first"
+        deadline = None
+        while True:
+            n, data = conn.get_copy_data(1)
+            if n > 0:
+                self.bytes_received += n
+                kind = data[0]
+                if kind == MSG_XLOGDATA:
+                    start, end, _ = XLOGDATA_HEADER.unpack_from(data, 1)
+                    return XLogData(start, end, data[25:])
+                if kind == MSG_KEEPALIVE:
+                    end, _, reply = KEEPALIVE.unpack_from(data, 1)
+                    return Keepalive(end, bool(reply))
+                raise SourceError(f"unknown replication message type {bytes([kind])!r} from the server")
+            if n == 0:
+                if deadline is None:
+                    deadline = time.monotonic() + timeout_s
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                ready, _, _ = select.select([conn.socket], [], [], remaining)
+                if ready:
+                    conn.consume_input()
+                continue
+            # n == -1: the server ended COPY; n == -2: error
+            res = conn.get_result()
+            msg = conn.get_error_message().strip() or (res.error_message.decode() if res else "")
+            raise SourceError(f"replication stream of slot {self.slot!r} ended: {msg or 'server closed it'}")
+
+    def send_status(self, flush_lsn: int, reply: bool = False) -> None:
+        """Tell the server everything up to `flush_lsn` is durable (it may advance the slot)."""
+        conn = self._conn
+        assert conn is not None, "open() first"
+        now_us = int(time.time() * 1_000_000) - PG_EPOCH_OFFSET_US
+        msg = STANDBY_STATUS.pack(MSG_STANDBY_STATUS, flush_lsn, flush_lsn, flush_lsn, now_us, int(reply))
+        if conn.put_copy_data(msg) != 1:
+            raise SourceError(f"sending status to the server failed: {conn.get_error_message().strip()}")
+        while conn.flush() == 1:
+            select.select([], [conn.socket], [], 1.0)
+
+    def close(self) -> None:
+        """Close the connection (the slot stays where it was last acknowledged)."""
+        if self._conn is not None:
+            self._conn.finish()
+            self._conn = None
