@@ -61,5 +61,14 @@ def main(dsn: str, seed: int = 7, customers: int = 200, orders: int = 1000) -> N
             conn.execute("update public.customers set email = 'second@example.com' where id = %s", (base_c + 1,))
 
 
+def create_schema(dsn: str) -> None:
+    """Create the demo tables if they do not exist."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(SCHEMA)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if sys.argv[1] == "--schema-only":
+        create_schema(sys.argv[2])
+    else:
+        main(sys.argv[1])

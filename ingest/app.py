@@ -64,6 +64,20 @@ def run(cfg: Config, once: bool, source: str | None) -> list[str]:
     return lines
 
 
+def setup(cfg: Config, source: str | None) -> list[str]:
+    """Check each selected source and create its publication and slot; no Spark needed."""
+    from ingest.sources.postgres.capture import prepare_source
+
+    lines = []
+    for s in _selected(cfg, source):
+        admin = prepare_source(s)
+        h = admin.slot_health()
+        admin.close()
+        lines.append(f"{s.name}: publication {s.publication_name} and slot {s.slot_name} ready "
+                     f"(slot at {int_to_lsn(h.confirmed_flush_lsn or 0)})")
+    return lines
+
+
 @dataclass(frozen=True, slots=True)
 class SourceStatus:
     """What `status` prints for one source."""

@@ -24,6 +24,8 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="stream changes into bronze (continuous, or --once)")
     r.add_argument("--once", action="store_true", help="drain to the source's current position, then exit")
     r.add_argument("--source", help="capture only this source")
+    su = sub.add_parser("setup", help="check the sources and create publication and slot (no Spark)")
+    su.add_argument("--source", help="only this source")
     s = sub.add_parser("status", help="positions, safe bound, slot lag and WAL status")
     s.add_argument("--source", help="only this source")
     return p
@@ -44,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.config)
         if args.command == "run":
             for line in app.run(cfg, once=args.once, source=args.source):
+                print(line)
+        elif args.command == "setup":
+            for line in app.setup(cfg, args.source):
                 print(line)
         elif args.command == "status":
             for st in app.status(cfg, args.source):

@@ -1,0 +1,52 @@
+# changelake: `make demo` runs the whole flow on one machine; `make test` runs the test suite.
+# Both install what they need on first use (Python deps, Delta jars, a local PostgreSQL).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat requirements.txt pyproject.toml | sha1sum | cut -c1-12)
+export CHANGELAKE_WAREHOUSE ?= $(CURDIR)/warehouse
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+# dbt reads profiles.yml from the project directory
+export DBT_PROFILES_DIR ?= $(CURDIR)
+
+.PHONY: setup pg demo test test-unit test-integration lint bench clean pg-stop
+
+$(STAMP): requirements.txt pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "setup: installing pinned Python dependencies into $(VENV) (first run builds pyspark, ~2 min)"
+	@$(PY) -m pip install -q --upgrade pip wheel
+	@$(PY) -m pip install -q -r requirements.txt
+	@$(PY) -m pip install -q --no-deps -e .
+	@bash scripts/delta_jars.sh $(PY)
+	@rm -f $(VENV)/.installed-*; touch $@
+
+setup: $(STAMP)
+	@bash scripts/delta_jars.sh $(PY)
+
+# The source DSN: CHANGELAKE_PG_DSN if you give one, else the project-owned cluster (started here).
+pg:
+	@if [ -z "$$CHANGELAKE_PG_DSN" ]; then bash scripts/pg.sh start >/dev/null; fi
+
+demo: setup pg
+	@bash scripts/demo.sh
+
+test: setup pg
+	@bash scripts/test.sh
+
+test-unit: setup
+	@$(PY) -m pytest tests/unit -q
+
+lint: setup
+	@$(VENV)/bin/ruff check ingest tests bench demo
+	@$(VENV)/bin/mypy
+	@bash scripts/sqlfluff.sh
+
+bench: setup pg
+	@$(PY) bench/ingest_throughput.py
+
+pg-stop:
+	@bash scripts/pg.sh stop
+
+clean:
+	rm -rf warehouse target logs

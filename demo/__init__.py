@@ -1,0 +1,1 @@
+"""The demo workload and the summary printed by `make demo`."""

@@ -1,0 +1,118 @@
+"""Shared fixtures: the project PostgreSQL, one SparkSession per run, throwaway sources."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def pg_dsn() -> str:
+    """CHANGELAKE_PG_DSN, or the project-owned cluster (started if needed)."""
+    dsn = os.environ.get("CHANGELAKE_PG_DSN")
+    if dsn:
+        return dsn
+    out = subprocess.run(["bash", str(ROOT / "scripts/pg.sh"), "start"], check=True, capture_output=True, text=True)
+    return out.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="session")
+def spark() -> Any:
+    """The one SparkSession of the test run (local[2], Delta)."""
+    from ingest.config import SparkConfig
+    from ingest.spark import build_spark
+
+    return build_spark(SparkConfig())
+
+
+class PgSource:
+    """A throwaway schema with its own publication and slot; dropped at teardown."""
+
+    def __init__(self, dsn: str, tables_sql: str, table_names: list[str]) -> None:
+        self.dsn = dsn
+        self.suffix = secrets.token_hex(4)
+        self.schema = f"t_{self.suffix}"
+        self.name = f"src_{self.suffix}"
+        self.conn = psycopg.connect(dsn, autocommit=True)
+        self.conn.execute(f"create schema {self.schema}")
+        self.conn.execute(f"set search_path = {self.schema}")
+        self.conn.execute(tables_sql)
+        self.tables = [f"{self.schema}.{t}" for t in table_names]
+
+    def config(self, **extra: Any) -> Any:
+        from ingest.config import PostgresSource
+
+        return PostgresSource(kind="postgres", name=self.name, dsn=self.dsn, tables=self.tables, **extra)
+
+    def execute(self, sql: str, params: Any = None) -> None:
+        self.conn.execute(sql, params)
+
+    def drop(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as c:
+            for slot in c.execute(
+                "select slot_name from pg_replication_slots where slot_name like %s", (f"%{self.suffix}%",)
+            ).fetchall():
+                c.execute("select pg_terminate_backend(active_pid) from pg_replication_slots "
+                          "where slot_name = %s and active_pid is not null", (slot[0],))
+                c.execute("select pg_drop_replication_slot(%s)", (slot[0],))
+            c.execute(f"drop publication if exists changelake_{self.name}")
+            c.execute(f"drop schema if exists {self.schema} cascade")
+        self.conn.close()
+
+
+@pytest.fixture
+def make_source(pg_dsn: str) -> Iterator[Any]:
+    """Factory of throwaway Postgres sources (random schema, slot and publication names)."""
+    made: list[PgSource] = []
+
+    def make(tables_sql: str, table_names: list[str]) -> PgSource:
+        s = PgSource(pg_dsn, tables_sql, table_names)
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.drop()
+
+
+@pytest.fixture
+def warehouse(tmp_path: Path) -> Path:
+    """A fresh warehouse directory for one test."""
+    return tmp_path / "warehouse"
+
+
+def capture_once(spark: Any, warehouse: Path, src: Any, max_events: int = 200_000) -> Any:
+    """Run the stream writer in this process with `--once` semantics; returns the capture."""
+    from ingest.bronze.writer import BronzeWriter
+    from ingest.config import BatchConfig
+    from ingest.progress import Progress
+    from ingest.sources.postgres.capture import PostgresCapture
+
+    cap = PostgresCapture(src, BatchConfig(max_events=max_events, max_seconds=5), BronzeWriter(spark, warehouse),
+                          Progress(src.name, enabled=False))
+    cap.run(once=True, should_stop=lambda: False)
+    return cap
+
+
+def prepare(src: Any) -> None:
+    """Create the publication and slot of `src` (what `changelake-ingest setup` does)."""
+    from ingest.sources.postgres.capture import prepare_source
+
+    prepare_source(src).close()
+
+
+def bronze_events(spark: Any, warehouse: Path, source: str, with_messages: bool = False) -> list[Any]:
+    """The source's bronze.wal_events rows in position order."""
+    df = spark.read.format("delta").load(str(warehouse / "bronze" / "wal_events")).where(f"source = '{source}'")
+    if not with_messages:
+        df = df.where("action != 'message'")
+    return df.orderBy("commit_lsn", "commit_index").collect()
