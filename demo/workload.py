@@ -54,8 +54,10 @@ def main(dsn: str, seed: int = 7, customers: int = 200, orders: int = 1000) -> N
                     (rnd.choice(STATUSES[1:]), oid),
                 )
         with conn.transaction():  # a few cancellations
-            conn.execute("delete from public.orders where id in (select id from public.orders where status = 'new' "
-                         "order by id limit 20)")
+            conn.execute(
+                "delete from public.orders where id in (select id from public.orders where status = 'new' "
+                "order by id limit 20)"
+            )
         with conn.transaction():  # two updates of one row in one transaction stay two events
             conn.execute("update public.customers set email = 'first@example.com' where id = %s", (base_c + 1,))
             conn.execute("update public.customers set email = 'second@example.com' where id = %s", (base_c + 1,))

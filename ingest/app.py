@@ -59,8 +59,11 @@ def run(cfg: Config, once: bool, source: str | None) -> list[str]:
         progress = Progress(s.name)
         cap = PostgresCapture(s, cfg.batch, writer, progress)
         cap.run(once=once, should_stop=stop)
-        lines.append(progress.done() + f", durable at {int_to_lsn(cap.durable_lsn)}"
-                     + (f", {cap.skipped} re-delivered events skipped" if cap.skipped else ""))
+        lines.append(
+            progress.done()
+            + f", durable at {int_to_lsn(cap.durable_lsn)}"
+            + (f", {cap.skipped} re-delivered events skipped" if cap.skipped else "")
+        )
     return lines
 
 
@@ -73,8 +76,10 @@ def setup(cfg: Config, source: str | None) -> list[str]:
         admin = prepare_source(s)
         h = admin.slot_health()
         admin.close()
-        lines.append(f"{s.name}: publication {s.publication_name} and slot {s.slot_name} ready "
-                     f"(slot at {int_to_lsn(h.confirmed_flush_lsn or 0)})")
+        lines.append(
+            f"{s.name}: publication {s.publication_name} and slot {s.slot_name} ready "
+            f"(slot at {int_to_lsn(h.confirmed_flush_lsn or 0)})"
+        )
     return lines
 
 
@@ -102,9 +107,11 @@ def status(cfg: Config, source: str | None) -> list[SourceStatus]:
             admin.close()
             lag = f"{h.lag_bytes:,} bytes" if h.lag_bytes is not None else "n/a (no slot)"
             confirmed = int_to_lsn(h.confirmed_flush_lsn) if h.confirmed_flush_lsn is not None else "n/a"
-            lines.append(f"slot {h.slot}: confirmed {confirmed}, server at {int_to_lsn(h.current_wal_lsn)}, "
-                         f"lag {lag}, wal_status {h.wal_status or 'n/a'}, "
-                         f"{'active pid ' + str(h.active_pid) if h.active_pid else 'inactive'}")
+            lines.append(
+                f"slot {h.slot}: confirmed {confirmed}, server at {int_to_lsn(h.current_wal_lsn)}, "
+                f"lag {lag}, wal_status {h.wal_status or 'n/a'}, "
+                f"{'active pid ' + str(h.active_pid) if h.active_pid else 'inactive'}"
+            )
             if h.wal_status == "lost":
                 lines.append("  SLOT INVALIDATED: run `changelake-ingest run` for recovery steps")
         except IngestError as e:
@@ -112,8 +119,10 @@ def status(cfg: Config, source: str | None) -> list[SourceStatus]:
         if writer.exists(STREAM_POSITIONS_TABLE):
             rows = writer.positions(s.name)
             for pos, updated in sorted(rows, key=lambda r: r[0].writer_id):
-                lines.append(f"writer {pos.writer_id} ({pos.writer_kind.value}): durable {int_to_lsn(pos.durable_lsn)}, "
-                             f"updated {updated:%Y-%m-%d %H:%M:%S}")
+                lines.append(
+                    f"writer {pos.writer_id} ({pos.writer_kind.value}): durable {int_to_lsn(pos.durable_lsn)}, "
+                    f"updated {updated:%Y-%m-%d %H:%M:%S}"
+                )
             if rows:
                 lines.append(f"safe bound: {int_to_lsn(min(p.durable_lsn for p, _ in rows))}")
             last = writer.max_commit_time(s.name)
@@ -122,4 +131,3 @@ def status(cfg: Config, source: str | None) -> list[SourceStatus]:
             lines.append("bronze not created yet (run `changelake-ingest run` first)")
         out.append(SourceStatus(s.name, lines))
     return out
-

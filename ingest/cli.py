@@ -16,9 +16,15 @@ EXIT_USER_ERROR = 2
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="changelake-ingest", description="Capture source changes into bronze Delta tables.")
-    p.add_argument("-c", "--config", default=os.environ.get(DEFAULT_CONFIG_ENV, DEFAULT_CONFIG),
-                   help=f"YAML config (default: ${DEFAULT_CONFIG_ENV} or {DEFAULT_CONFIG})")
+    p = argparse.ArgumentParser(
+        prog="changelake-ingest", description="Capture source changes into bronze Delta tables."
+    )
+    p.add_argument(
+        "-c",
+        "--config",
+        default=os.environ.get(DEFAULT_CONFIG_ENV, DEFAULT_CONFIG),
+        help=f"YAML config (default: ${DEFAULT_CONFIG_ENV} or {DEFAULT_CONFIG})",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="log progress and decisions (INFO)")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="stream changes into bronze (continuous, or --once)")

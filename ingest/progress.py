@@ -46,13 +46,16 @@ class Progress:
             sys.stderr.write("\r" + line + " " * 8)
             sys.stderr.flush()
         else:
-            log.info("progress source=%s events=%d rate_per_s=%.0f lag_bytes=%s",
-                     self.source, self.events, rate, lag_bytes)
+            log.info(
+                "progress source=%s events=%d rate_per_s=%.0f lag_bytes=%s", self.source, self.events, rate, lag_bytes
+            )
 
     def done(self) -> str:
         """A one-line summary of the run."""
         secs = time.monotonic() - self.started
         if self.tty:
             sys.stderr.write("\n")
-        return (f"{self.source}: {self.events} changes in {self.batches} batches, {secs:.1f} s "
-                f"({self.events / secs if secs else 0:,.0f} changes/s)")
+        return (
+            f"{self.source}: {self.events} changes in {self.batches} batches, {secs:.1f} s "
+            f"({self.events / secs if secs else 0:,.0f} changes/s)"
+        )

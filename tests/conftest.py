@@ -61,8 +61,11 @@ class PgSource:
             for slot in c.execute(
                 "select slot_name from pg_replication_slots where slot_name like %s", (f"%{self.suffix}%",)
             ).fetchall():
-                c.execute("select pg_terminate_backend(active_pid) from pg_replication_slots "
-                          "where slot_name = %s and active_pid is not null", (slot[0],))
+                c.execute(
+                    "select pg_terminate_backend(active_pid) from pg_replication_slots "
+                    "where slot_name = %s and active_pid is not null",
+                    (slot[0],),
+                )
                 c.execute("select pg_drop_replication_slot(%s)", (slot[0],))
             c.execute(f"drop publication if exists changelake_{self.name}")
             c.execute(f"drop schema if exists {self.schema} cascade")
@@ -97,8 +100,12 @@ def capture_once(spark: Any, warehouse: Path, src: Any, max_events: int = 200_00
     from ingest.progress import Progress
     from ingest.sources.postgres.capture import PostgresCapture
 
-    cap = PostgresCapture(src, BatchConfig(max_events=max_events, max_seconds=5), BronzeWriter(spark, warehouse),
-                          Progress(src.name, enabled=False))
+    cap = PostgresCapture(
+        src,
+        BatchConfig(max_events=max_events, max_seconds=5),
+        BronzeWriter(spark, warehouse),
+        Progress(src.name, enabled=False),
+    )
     cap.run(once=True, should_stop=lambda: False)
     return cap
 

@@ -91,6 +91,7 @@ class BronzeWriter:
         return str(self.root / table.name)
 
     def exists(self, table: BronzeTable) -> bool:
+        """Whether `table` has been created (its _delta_log exists)."""
         return (self.root / table.name / "_delta_log").is_dir()
 
     def ensure_tables(self) -> None:

@@ -24,7 +24,9 @@ def test_two_updates_in_one_transaction_are_two_events(spark: Any, warehouse: An
     capture_once(spark, warehouse, s.config())
     ev = bronze_events(spark, warehouse, s.name)
     assert [(e.action, e.commit_index, json.loads(e.record)["name"]) for e in ev] == [
-        ("insert", 0, "a"), ("update", 1, "b"), ("update", 2, "c")
+        ("insert", 0, "a"),
+        ("update", 1, "b"),
+        ("update", 2, "c"),
     ]
     assert len({e.commit_lsn for e in ev}) == 1
     assert all(e.record_pk == '{"id":1}' for e in ev)

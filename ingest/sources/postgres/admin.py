@@ -67,8 +67,10 @@ class PostgresAdmin:
 
     def check_server(self) -> None:
         """wal_level must be logical; the role must be allowed to replicate."""
-        row = self._one("select current_setting('wal_level'), r.rolreplication or r.rolsuper "
-                        "from pg_roles r where r.rolname = current_user")
+        row = self._one(
+            "select current_setting('wal_level'), r.rolreplication or r.rolsuper "
+            "from pg_roles r where r.rolname = current_user"
+        )
         assert row is not None
         wal_level, can_replicate = row
         if wal_level != "logical":
@@ -115,7 +117,9 @@ class PostgresAdmin:
                 )
             try:
                 self.conn.execute(
-                    sql.SQL("create publication {} for table {}").format(sql.Identifier(name), sql.SQL(", ").join(tables))
+                    sql.SQL("create publication {} for table {}").format(
+                        sql.Identifier(name), sql.SQL(", ").join(tables)
+                    )
                 )
             except psycopg.errors.InsufficientPrivilege as e:
                 raise SourceError(f"source {self.src.name!r}: cannot create publication {name!r}: {e}") from None
@@ -161,13 +165,13 @@ class PostgresAdmin:
                 "where i.indrelid = %s and i.indisprimary order by k.ord",
                 (relation_id,),
             )
-            return [r[0] for r in cur.fetchall()]
+            return [str(r[0]) for r in cur.fetchall()]
 
     def type_names(self, oids: list[int]) -> dict[int, str]:
         """format_type() of each oid (for bronze.source_relations)."""
         with self.conn.cursor() as cur:
             cur.execute("select oid::bigint, format_type(oid, null) from pg_type where oid = any(%s)", (oids,))
-            return {int(r[0]): str(r[1]) for r in cur.fetchall()}
+            return {int(str(r[0])): str(r[1]) for r in cur.fetchall()}
 
     def type_catalog_rows(self, query: str) -> list[tuple[object, ...]]:
         """Rows of `query` (the value mapper's pg_type query)."""

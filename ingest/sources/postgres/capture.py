@@ -128,8 +128,14 @@ class PostgresCapture:
             self._register(admin)
             skip_upto = self.writer.last_event_position(self.src.name, STREAM_WRITER_ID, self.durable_lsn)
             known = self.writer.known_shapes(self.src.name)
-            log.info("registered source=%s writer=%s durable_lsn=%d skip_upto=%s seconds=%.1f",
-                     self.src.name, STREAM_WRITER_ID, self.durable_lsn, skip_upto, time.monotonic() - t0)
+            log.info(
+                "registered source=%s writer=%s durable_lsn=%d skip_upto=%s seconds=%.1f",
+                self.src.name,
+                STREAM_WRITER_ID,
+                self.durable_lsn,
+                skip_upto,
+                time.monotonic() - t0,
+            )
             builder = ChangeBuilder(PgCatalog(admin))
             stream = ReplicationStream(self.src.dsn, self.src.slot_name, self.src.publication_name)
             stream.open()
@@ -183,8 +189,13 @@ class PostgresCapture:
                 faults.hit("after_position_commit")
                 stream.send_status(self.ack_lsn)
                 faults.hit("after_ack")
-            log.info("flushed source=%s events=%d durable_lsn=%d seconds=%.2f",
-                     self.src.name, n, self.durable_lsn, time.monotonic() - t0)
+            log.info(
+                "flushed source=%s events=%d durable_lsn=%d seconds=%.2f",
+                self.src.name,
+                n,
+                self.durable_lsn,
+                time.monotonic() - t0,
+            )
 
         while not should_stop():
             now = time.monotonic()

@@ -22,10 +22,10 @@ from ingest.sources.postgres.pgoutput import (
     Origin,
     PgOutputMessage,
     Relation,
+    Truncate,
     TupleData,
     TypeInfo,
     Update,
-    Truncate,
     pg_to_unix_us,
 )
 
@@ -97,9 +97,7 @@ class ChangeBuilder:
         pk = self.catalog.primary_key(msg.relation_id)
         if not pk:
             if msg.replica_identity != "f":
-                raise SourceError(
-                    f"table {msg.namespace}.{msg.name} has no primary key and no REPLICA IDENTITY FULL"
-                )
+                raise SourceError(f"table {msg.namespace}.{msg.name} has no primary key and no REPLICA IDENTITY FULL")
             pk = list(names)
         missing = [k for k in pk if k not in names]
         if missing:
@@ -117,9 +115,7 @@ class ChangeBuilder:
             )
             for c in msg.columns
         )
-        shape = RelationShape(
-            msg.relation_id, msg.namespace, msg.name, msg.replica_identity, cols, self._commit_lsn
-        )
+        shape = RelationShape(msg.relation_id, msg.namespace, msg.name, msg.replica_identity, cols, self._commit_lsn)
         old = self._rels.get(msg.relation_id)
         if old is None or old.shape.shape_hash != shape.shape_hash:
             self.new_shapes.append(shape)
@@ -152,7 +148,7 @@ class ChangeBuilder:
                     toast = []
                 toast.append(rel.names[i])
             else:
-                parts.append(rel.keys_json[i] + rel.encoders[i](v))  # type: ignore[arg-type]
+                parts.append(rel.keys_json[i] + rel.encoders[i](v))
         return "{" + ",".join(parts) + "}", (tuple(toast) if toast else None)
 
     @staticmethod
@@ -163,7 +159,7 @@ class ChangeBuilder:
             if v is None or v is UNCHANGED_TOAST:
                 parts.append(rel.keys_json[i] + "null")
             else:
-                parts.append(rel.keys_json[i] + rel.encoders[i](v))  # type: ignore[arg-type]
+                parts.append(rel.keys_json[i] + rel.encoders[i](v))
         return "{" + ",".join(parts) + "}"
 
     # -- events ----------------------------------------------------------------------------
@@ -180,8 +176,13 @@ class ChangeBuilder:
             rel = self._rel(msg.relation_id)
             record, toast = self._record(rel, msg.new)
             return self._event(
-                Action.INSERT, table_schema=rel.schema, table_name=rel.name, relation_id=msg.relation_id,
-                record_pk=self._pk(rel, msg.new), record=record, unchanged_toast=toast,
+                Action.INSERT,
+                table_schema=rel.schema,
+                table_name=rel.name,
+                relation_id=msg.relation_id,
+                record_pk=self._pk(rel, msg.new),
+                record=record,
+                unchanged_toast=toast,
             )
         if t is Update:
             assert isinstance(msg, Update)
@@ -195,16 +196,27 @@ class ChangeBuilder:
                 if old_pk == pk:
                     old_pk = None
             return self._event(
-                Action.UPDATE, table_schema=rel.schema, table_name=rel.name, relation_id=msg.relation_id,
-                record_pk=pk, old_record_pk=old_pk, record=record, old_record=old_record, unchanged_toast=toast,
+                Action.UPDATE,
+                table_schema=rel.schema,
+                table_name=rel.name,
+                relation_id=msg.relation_id,
+                record_pk=pk,
+                old_record_pk=old_pk,
+                record=record,
+                old_record=old_record,
+                unchanged_toast=toast,
             )
         if t is Delete:
             assert isinstance(msg, Delete)
             rel = self._rel(msg.relation_id)
             old_record, _ = self._record(rel, msg.old)
             return self._event(
-                Action.DELETE, table_schema=rel.schema, table_name=rel.name, relation_id=msg.relation_id,
-                record_pk=self._pk(rel, msg.old), old_record=old_record,
+                Action.DELETE,
+                table_schema=rel.schema,
+                table_name=rel.name,
+                relation_id=msg.relation_id,
+                record_pk=self._pk(rel, msg.old),
+                old_record=old_record,
             )
         if t is Begin:
             assert isinstance(msg, Begin)
@@ -232,8 +244,11 @@ class ChangeBuilder:
             assert isinstance(msg, Truncate)
             rels = [self._rel(r) for r in msg.relation_ids]
             return self._event(
-                Action.TRUNCATE, table_schema=rels[0].schema, table_name=rels[0].name,
-                relation_id=msg.relation_ids[0], truncated_tables=tuple(f"{r.schema}.{r.name}" for r in rels),
+                Action.TRUNCATE,
+                table_schema=rels[0].schema,
+                table_name=rels[0].name,
+                relation_id=msg.relation_ids[0],
+                truncated_tables=tuple(f"{r.schema}.{r.name}" for r in rels),
                 truncate_options=msg.options,
             )
         if t is LogicalMessage:
@@ -242,8 +257,14 @@ class ChangeBuilder:
             if not msg.transactional:
                 # Outside any transaction: its own unit at its LSN (index 0), complete at once.
                 ev = ChangeEvent(
-                    msg.lsn, 0, 0, 0, Action.MESSAGE, message_prefix=msg.prefix,
-                    message_content=content, message_transactional=False,
+                    msg.lsn,
+                    0,
+                    0,
+                    0,
+                    Action.MESSAGE,
+                    message_prefix=msg.prefix,
+                    message_content=content,
+                    message_transactional=False,
                 )
                 return ev
             return self._event(

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The test suite (what `make test` and CI run): lint, types, unit, integration (real PostgreSQL,
+# Spark + Delta, dbt). Installs nothing itself: `make test` has run setup and started PostgreSQL.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CHANGELAKE_PG_DSN="${CHANGELAKE_PG_DSN:-$(bash scripts/pg.sh dsn)}"
+export PATH="$PWD/.venv/bin:$PATH"
+echo "== ruff"; ruff check ingest tests demo bench
+echo "== mypy --strict"; mypy
+if [ -f dbt_project.yml ]; then echo "== sqlfluff"; bash scripts/sqlfluff.sh; fi
+echo "== pytest"
+python -m pytest tests -q -p no:cacheprovider "$@"
