@@ -1,0 +1,51 @@
+{% macro guarded_merge_sql(target, source, unique_key, guard_columns, prune_columns, incremental_predicates) %}
+    {#-
+        MERGE the batch (one row per unique_key, already reduced by the model) into target:
+        - a matched row is replaced only when the batch row is strictly newer by guard_columns,
+          compared as a tuple (lexicographically), so an older position never overwrites a newer
+          one whatever order batches arrive in;
+        - an unmatched row is inserted; nothing is ever deleted (deletes are soft, in the data).
+        prune_columns (the target's partition columns) are turned into literal predicates listing
+        only the partitions present in the batch, so Delta rewrites those partitions only and the
+        cost follows the batch, not the table.
+    -#}
+    {%- set keys = [unique_key] if unique_key is string else unique_key -%}
+    {%- set predicates = [] if incremental_predicates is none else [] + incremental_predicates -%}
+    {%- for key in keys -%}
+        {%- do predicates.append('dbt_internal_dest.' ~ key ~ ' = dbt_internal_source.' ~ key) -%}
+    {%- endfor -%}
+
+    {%- if prune_columns and execute -%}
+        {%- set batch_partitions = run_query(
+            'select distinct ' ~ prune_columns | join(', ') ~ ' from ' ~ source) -%}
+        {%- set alternatives = [] -%}
+        {%- for row in batch_partitions.rows -%}
+            {%- set equalities = [] -%}
+            {%- for column in prune_columns -%}
+                {%- if row[loop.index0] is none -%}
+                    {%- do equalities.append('dbt_internal_dest.' ~ column ~ ' is null') -%}
+                {%- else -%}
+                    {%- do equalities.append('dbt_internal_dest.' ~ column ~ " = '" ~ row[loop.index0] | replace("\\", "\\\\") | replace("'", "\\'") ~ "'") -%}
+                {%- endif -%}
+            {%- endfor -%}
+            {%- do alternatives.append('(' ~ equalities | join(' and ') ~ ')') -%}
+        {%- endfor -%}
+        {%- do predicates.append('(' ~ (alternatives | join(' or ') if alternatives else 'false') ~ ')') -%}
+    {%- endif -%}
+
+    {#- (a1, a2, ...) > (b1, b2, ...) spelled out, as Spark has no row-value comparison. -#}
+    {%- set newer = [] -%}
+    {%- for column in guard_columns -%}
+        {%- set equal_before = [] -%}
+        {%- for earlier in guard_columns[:loop.index0] -%}
+            {%- do equal_before.append('dbt_internal_source.' ~ earlier ~ ' = dbt_internal_dest.' ~ earlier) -%}
+        {%- endfor -%}
+        {%- do newer.append('(' ~ (equal_before + ['dbt_internal_source.' ~ column ~ ' > dbt_internal_dest.' ~ column]) | join(' and ') ~ ')') -%}
+    {%- endfor %}
+
+    merge into {{ target }} as dbt_internal_dest
+    using {{ source }} as dbt_internal_source
+    on {{ predicates | join('\n        and ') }}
+    when matched and ({{ newer | join(' or ') }}) then update set *
+    when not matched then insert *
+{% endmacro %}

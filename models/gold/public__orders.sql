@@ -1,0 +1,1 @@
+{{ typed_current_state(var('changelake_demo_source'), 'public', 'orders') }}

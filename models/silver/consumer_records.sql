@@ -1,0 +1,307 @@
+{{
+    config(
+        unique_key=['source', 'table_schema', 'table_name', 'record_pk'],
+        incremental_strategy='merge',
+        merge_guard=['commit_lsn', 'commit_index'],
+        merge_prune_by=['source', 'table_schema', 'table_name'],
+        partition_by=['source', 'table_schema', 'table_name'],
+    )
+}}
+
+-- One row per source record: its state after the last event for its key in position order
+-- (DESIGN §6). Each run folds the new events of every touched key, in position order, over the
+-- key's current row; the result is merged with a position guard (macro guarded_merge_sql).
+
+with
+
+sequin_events as (
+
+    select * from {{ ref('sequin_events') }}
+
+),
+
+{% if is_incremental() %}
+current_records as (
+
+    select * from {{ this }}
+
+),
+
+applied_positions as (
+
+    -- Every applied event left its seq on some row, so events up to the source's max seq here are
+    -- folded in. An event that changed no row (e.g. a truncate of an empty table) is simply
+    -- folded again next run, which changes nothing.
+    select
+        source,
+        max(seq) as max_seq
+    from current_records
+    group by source
+
+),
+{% endif %}
+
+new_events as (
+
+    select sequin_events.*
+    from sequin_events
+    {% if is_incremental() %}
+        left join applied_positions
+            on sequin_events.source = applied_positions.source
+        where
+            applied_positions.source is null
+            or sequin_events.seq > applied_positions.max_seq
+    {% endif %}
+
+),
+
+row_changes as (
+
+    -- insert and update upsert their key; a delete tombstones it.
+    select
+        source,
+        table_schema,
+        table_name,
+        record_pk,
+        case when action = 'delete' then 'delete' else 'upsert' end as change_kind,
+        commit_lsn,
+        commit_index,
+        seq,
+        commit_timestamp,
+        record,
+        old_record,
+        unchanged_toast
+    from new_events
+    where action in ('insert', 'update', 'delete')
+
+),
+
+primary_key_changes as (
+
+    -- An update that changed the primary key also deletes the old key (DESIGN §6).
+    select
+        source,
+        table_schema,
+        table_name,
+        old_record_pk as record_pk,
+        'delete' as change_kind,
+        commit_lsn,
+        commit_index,
+        seq,
+        commit_timestamp,
+        cast(null as string) as record,
+        old_record,
+        cast(array() as array<string>) as unchanged_toast
+    from new_events
+    where
+        action = 'update'
+        and old_record_pk is not null
+        and old_record_pk != record_pk
+
+),
+
+truncates as (
+
+    select
+        new_events.source,
+        new_events.commit_lsn,
+        new_events.commit_index,
+        new_events.seq,
+        new_events.commit_timestamp,
+        substring_index(truncated_table, '.', 1) as table_schema,
+        substring(truncated_table, length(substring_index(truncated_table, '.', 1)) + 2) as table_name
+    from new_events
+    lateral view explode(new_events.truncated_tables) as truncated_table
+    where new_events.action = 'truncate'
+
+),
+
+keyed_changes as (
+
+    select * from row_changes
+    union all
+    select * from primary_key_changes
+
+),
+
+truncated_keys as (
+
+    -- A truncate is an event for every key of its table: the keys changed in this batch and
+    -- (incrementally) the keys already stored.
+    select distinct
+        source,
+        table_schema,
+        table_name,
+        record_pk
+    from keyed_changes
+    {% if is_incremental() %}
+        union
+        select
+            current_records.source,
+            current_records.table_schema,
+            current_records.table_name,
+            current_records.record_pk
+        from current_records
+        inner join (select distinct source, table_schema, table_name from truncates) as truncated_tables
+            on
+                current_records.source = truncated_tables.source
+                and current_records.table_schema = truncated_tables.table_schema
+                and current_records.table_name = truncated_tables.table_name
+    {% endif %}
+
+),
+
+truncate_changes as (
+
+    select
+        truncates.source,
+        truncates.table_schema,
+        truncates.table_name,
+        truncated_keys.record_pk,
+        'truncate' as change_kind,
+        truncates.commit_lsn,
+        truncates.commit_index,
+        truncates.seq,
+        truncates.commit_timestamp,
+        cast(null as string) as record,
+        cast(null as string) as old_record,
+        cast(array() as array<string>) as unchanged_toast
+    from truncates
+    inner join truncated_keys
+        on
+            truncates.source = truncated_keys.source
+            and truncates.table_schema = truncated_keys.table_schema
+            and truncates.table_name = truncated_keys.table_name
+
+),
+
+-- Snapshot pages (DESIGN §5) join here: surviving page rows become 'upsert' changes with
+-- origin 'snapshot' at (high_watermark_lsn, row index in page). Not implemented yet: reserved for
+-- the snapshot issue; bronze.snapshot_pages is not read.
+
+all_changes as (
+
+    select * from keyed_changes
+    union all
+    select * from truncate_changes
+
+),
+
+key_histories as (
+
+    select
+        source,
+        table_schema,
+        table_name,
+        record_pk,
+        array_sort(collect_list(struct(
+            commit_lsn,
+            commit_index,
+            seq,
+            commit_timestamp,
+            change_kind,
+            record,
+            old_record,
+            unchanged_toast
+        ))) as changes
+    from all_changes
+    group by source, table_schema, table_name, record_pk
+
+),
+
+starting_states as (
+
+    select
+        key_histories.*,
+        {% if is_incremental() %}
+            current_records.record_pk is not null as has_current,
+            current_records.record as current_record,
+            current_records.deleted as current_deleted,
+            current_records.deleted_at as current_deleted_at,
+            current_records.needs_reread as current_needs_reread,
+            current_records.commit_lsn as current_commit_lsn,
+            current_records.commit_index as current_commit_index,
+            current_records.seq as current_seq,
+            current_records.origin as current_origin,
+            current_records.updated_at as current_updated_at
+        {% else %}
+            false as has_current,
+            cast(null as string) as current_record,
+            cast(null as boolean) as current_deleted,
+            cast(null as timestamp) as current_deleted_at,
+            cast(null as boolean) as current_needs_reread,
+            cast(null as bigint) as current_commit_lsn,
+            cast(null as int) as current_commit_index,
+            cast(null as bigint) as current_seq,
+            cast(null as string) as current_origin,
+            cast(null as timestamp) as current_updated_at
+        {% endif %}
+    from key_histories
+    {% if is_incremental() %}
+        left join current_records
+            on
+                key_histories.source = current_records.source
+                and key_histories.table_schema = current_records.table_schema
+                and key_histories.table_name = current_records.table_name
+                and key_histories.record_pk = current_records.record_pk
+    {% endif %}
+
+),
+
+folded as (
+
+    select
+        source,
+        table_schema,
+        table_name,
+        record_pk,
+        has_current,
+        current_commit_lsn,
+        current_commit_index,
+        {{ fold_record_changes(
+            'changes',
+            "named_struct(
+                'is_present', has_current,
+                'record', current_record,
+                'deleted', current_deleted,
+                'deleted_at', current_deleted_at,
+                'needs_reread', current_needs_reread,
+                'commit_lsn', current_commit_lsn,
+                'commit_index', current_commit_index,
+                'seq', current_seq,
+                'origin', current_origin,
+                'updated_at', current_updated_at
+            )"
+        ) }} as state
+    from starting_states
+
+),
+
+final as (
+
+    select
+        source,
+        table_schema,
+        table_name,
+        record_pk,
+        state.record,
+        state.deleted,
+        state.deleted_at,
+        state.needs_reread,
+        state.commit_lsn,
+        state.commit_index,
+        state.seq,
+        state.origin,
+        state.updated_at
+    from folded
+    where
+        state.is_present
+        and (
+            not has_current
+            or state.commit_lsn > current_commit_lsn
+            or (state.commit_lsn = current_commit_lsn and state.commit_index > current_commit_index)
+        )
+
+)
+
+select * from final

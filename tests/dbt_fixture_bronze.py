@@ -1,0 +1,203 @@
+"""Write fake bronze rows by path (docs/bronze.md) to exercise the dbt models without ingest.
+
+Usage: python tests/dbt_fixture_bronze.py WAREHOUSE PHASE   (PHASE 1 creates, 2 and 3 append)
+Phase 1 writes two customers and an order flow with a re-delivered duplicate, a heartbeat and a
+second writer holding the safe bound back; phase 2 raises the bound and adds a PK change, TOAST,
+insert->delete->insert and a truncate; phase 3 adds nothing to wal_events but raises positions.
+For local dbt development only; the integration tests use real ingest output.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+
+from pyspark.sql import SparkSession
+from pyspark.sql import types as T
+
+WAL_SCHEMA = T.StructType(
+    [
+        T.StructField("source", T.StringType()),
+        T.StructField("source_kind", T.StringType()),
+        T.StructField("commit_lsn", T.LongType()),
+        T.StructField("commit_index", T.IntegerType()),
+        T.StructField("end_lsn", T.LongType()),
+        T.StructField("xid", T.LongType()),
+        T.StructField("commit_timestamp", T.TimestampType()),
+        T.StructField("action", T.StringType()),
+        T.StructField("table_schema", T.StringType()),
+        T.StructField("table_name", T.StringType()),
+        T.StructField("relation_id", T.LongType()),
+        T.StructField("record_pk", T.StringType()),
+        T.StructField("old_record_pk", T.StringType()),
+        T.StructField("record", T.StringType()),
+        T.StructField("old_record", T.StringType()),
+        T.StructField("unchanged_toast", T.ArrayType(T.StringType())),
+        T.StructField("truncated_tables", T.ArrayType(T.StringType())),
+        T.StructField("truncate_options", T.IntegerType()),
+        T.StructField("message_prefix", T.StringType()),
+        T.StructField("message_content", T.StringType()),
+        T.StructField("message_transactional", T.BooleanType()),
+        T.StructField("writer_id", T.StringType()),
+        T.StructField("ingested_at", T.TimestampType()),
+    ]
+)
+POSITIONS_SCHEMA = T.StructType(
+    [
+        T.StructField("source", T.StringType()),
+        T.StructField("writer_id", T.StringType()),
+        T.StructField("writer_kind", T.StringType()),
+        T.StructField("durable_lsn", T.LongType()),
+        T.StructField("ack_lsn", T.LongType()),
+        T.StructField("resume_token", T.StringType()),
+        T.StructField("started_at", T.TimestampType()),
+        T.StructField("updated_at", T.TimestampType()),
+    ]
+)
+COLUMN = T.StructType(
+    [
+        T.StructField("name", T.StringType()),
+        T.StructField("type_oid", T.LongType()),
+        T.StructField("type_name", T.StringType()),
+        T.StructField("type_modifier", T.IntegerType()),
+        T.StructField("is_key", T.BooleanType()),
+        T.StructField("pk_position", T.IntegerType()),
+        T.StructField("json_kind", T.StringType()),
+    ]
+)
+RELATIONS_SCHEMA = T.StructType(
+    [
+        T.StructField("source", T.StringType()),
+        T.StructField("relation_id", T.LongType()),
+        T.StructField("table_schema", T.StringType()),
+        T.StructField("table_name", T.StringType()),
+        T.StructField("replica_identity", T.StringType()),
+        T.StructField("columns", T.ArrayType(COLUMN)),
+        T.StructField("shape_hash", T.StringType()),
+        T.StructField("first_seen_lsn", T.LongType()),
+        T.StructField("ingested_at", T.TimestampType()),
+    ]
+)
+
+NOW = dt.datetime(2026, 1, 1, 12, 0, 0)
+SOURCE = "demo"
+
+
+def ev(lsn: int, idx: int, action: str, table: str | None, pk: dict | None, record: dict | None,
+       *, old_pk: dict | None = None, old: dict | None = None, toast: list[str] | None = None,
+       truncated: list[str] | None = None) -> tuple:
+    """One wal_events row; JSON in the contract's compact encoding."""
+    def js(value: dict | None) -> str | None:
+        return None if value is None else json.dumps(value, separators=(",", ":"))
+
+    ts = NOW + dt.timedelta(seconds=lsn)
+    return (
+        SOURCE, "postgres", lsn, idx, lsn + 1, 1000 + lsn, ts, action,
+        None if table is None else "public", table, None if table is None else 16384,
+        js(pk), js(old_pk), js(record), js(old), toast or [], truncated, None,
+        "changelake.heartbeat" if action == "message" else None,
+        "{}" if action == "message" else None, False if action == "message" else None,
+        "stream", NOW + dt.timedelta(seconds=lsn + 5),
+    )
+
+
+def customer(i: int, name: str, email: str = "x@example.com") -> dict:
+    return {"id": i, "name": name, "email": email, "created_at": "2026-01-01 00:00:00+00"}
+
+
+def order(i: int, amount: str, status: str, note: str | None = "n") -> dict:
+    rec = {"id": i, "customer_id": 1, "amount": amount, "status": status,
+           "updated_at": "2026-01-01 10:00:00.5+00"}
+    if note is not None:
+        rec["note"] = note
+    return rec
+
+
+PHASES = {
+    1: [
+        ev(100, 0, "insert", "customers", {"id": 1}, customer(1, "Ada")),
+        ev(100, 1, "insert", "customers", {"id": 2}, customer(2, "Bob")),
+        ev(110, 0, "message", None, None, None),
+        ev(120, 0, "insert", "orders", {"id": 10}, order(10, "12.50", "new", "big text")),
+        ev(120, 1, "update", "orders", {"id": 10}, order(10, "12.50", "paid", "big text"),
+           old={"id": 10, "customer_id": 1, "amount": "12.50", "status": "new"}),
+        ev(120, 2, "update", "orders", {"id": 10}, order(10, "13.00", "paid", "big text")),
+        # re-delivered duplicate of the first update
+        ev(120, 1, "update", "orders", {"id": 10}, order(10, "12.50", "paid", "big text"),
+           old={"id": 10, "customer_id": 1, "amount": "12.50", "status": "new"}),
+        ev(130, 0, "update", "customers", {"id": 2}, customer(2, "Bob", "bob@example.com")),
+        ev(130, 1, "delete", "customers", {"id": 2}, None, old={"id": 2}),
+        # above the safe bound in phase 1 (the snapshot writer is at 140)
+        ev(150, 0, "insert", "customers", {"id": 3}, customer(3, "Cy")),
+    ],
+    2: [
+        # unchanged TOAST: note carried forward from the stored row
+        ev(160, 0, "update", "orders", {"id": 10}, order(10, "14.00", "shipped", None), toast=["note"]),
+        # TOAST without any previous value: flagged for re-read
+        ev(160, 1, "update", "orders", {"id": 11}, order(11, "1.00", "new", None), toast=["note"]),
+        # insert -> delete -> insert in one transaction: present
+        ev(170, 0, "insert", "customers", {"id": 4}, customer(4, "Dee")),
+        ev(170, 1, "delete", "customers", {"id": 4}, None, old={"id": 4}),
+        ev(170, 2, "insert", "customers", {"id": 4}, customer(4, "Dee 2")),
+        # primary-key change 1 -> 5
+        ev(180, 0, "update", "customers", {"id": 5}, customer(5, "Ada"), old_pk={"id": 1}, old={"id": 1}),
+        # truncate orders, then a new order
+        ev(190, 0, "truncate", "orders", None, None, truncated=["public.orders"]),
+        ev(190, 1, "insert", "orders", {"id": 12}, order(12, "2.00", "new")),
+        ev(200, 0, "message", None, None, None),
+    ],
+    3: [],
+}
+POSITIONS = {
+    1: [("stream", "stream", 160, 161), ("snapshot:public.orders", "snapshot", 140, 141)],
+    2: [("stream", "stream", 200, 201), ("snapshot:public.orders", "snapshot", 200, 200)],
+    3: [("stream", "stream", 210, 211)],
+}
+
+
+def relations() -> list[tuple]:
+    def col(name: str, oid: int, type_name: str, json_kind: str, pk: int | None = None) -> tuple:
+        return (name, oid, type_name, -1, pk is not None, pk, json_kind)
+
+    customers = [col("id", 20, "bigint", "int", 1), col("name", 25, "text", "text"),
+                 col("email", 25, "text", "text"),
+                 col("created_at", 1184, "timestamp with time zone", "text")]
+    orders = [col("id", 20, "bigint", "int", 1), col("customer_id", 20, "bigint", "int"),
+              col("amount", 1700, "numeric(12,2)", "numeric"), col("status", 25, "text", "text"),
+              col("updated_at", 1184, "timestamp with time zone", "text"),
+              col("note", 25, "text", "text")]
+    return [
+        (SOURCE, 16384, "public", "customers", "d", customers, "h1", 100, NOW),
+        (SOURCE, 16385, "public", "orders", "d", orders[:-1], "h2", 120, NOW),
+        (SOURCE, 16385, "public", "orders", "d", orders, "h3", 160, NOW),
+    ]
+
+
+def main() -> None:
+    warehouse, phase = sys.argv[1].rstrip("/"), int(sys.argv[2])
+    spark = (
+        SparkSession.builder.master("local[1]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+        .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+        .getOrCreate()
+    )
+    bronze = f"{warehouse}/bronze"
+    mode = "overwrite" if phase == 1 else "append"
+    if PHASES[phase]:
+        spark.createDataFrame(PHASES[phase], WAL_SCHEMA).write.format("delta").mode(mode).partitionBy(
+            "source").save(f"{bronze}/wal_events")
+    positions = [(SOURCE, w, k, d, a, None, NOW, NOW + dt.timedelta(seconds=d)) for w, k, d, a in POSITIONS[phase]]
+    # positions are one row per live writer: rewrite the table (a retired writer's row disappears)
+    spark.createDataFrame(positions, POSITIONS_SCHEMA).write.format("delta").mode("overwrite").partitionBy(
+        "source", "writer_id").save(f"{bronze}/stream_positions")
+    if phase == 1:
+        spark.createDataFrame(relations(), RELATIONS_SCHEMA).write.format("delta").mode("overwrite").partitionBy(
+            "source").save(f"{bronze}/source_relations")
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
