@@ -1,0 +1,155 @@
+"""Bad input gets a clear error and loses nothing (wrong DSN, missing table, no key, busy or lost slot ...)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from ingest.errors import BronzeWriteError, SlotInvalidatedError, SourceError
+from ingest.sources.postgres.admin import PostgresAdmin
+from ingest.sources.postgres.replication import ReplicationStream
+from tests.conftest import ROOT, bronze_events, capture_once, prepare
+
+pytestmark = pytest.mark.integration
+
+ITEMS = "create table items (id int primary key, v text)"
+
+
+def test_wrong_password_is_named_without_the_secret(make_source: Any) -> None:
+    s = make_source(ITEMS, ["items"])
+    bad = s.config().model_copy(update={"dsn": "postgresql://nobody:hunter2@127.0.0.1:1/x"})
+    with pytest.raises(SourceError) as e:
+        prepare(bad)
+    assert "cannot connect" in str(e.value) and "hunter2" not in str(e.value)
+
+
+def test_missing_table_is_named(make_source: Any) -> None:
+    s = make_source(ITEMS, ["items"])
+    cfg = s.config().model_copy(update={"tables": [f"{s.schema}.items", f"{s.schema}.nope"]})
+    with pytest.raises(SourceError, match=rf"{s.schema}\.nope does not exist"):
+        prepare(cfg)
+
+
+def test_table_without_primary_key_needs_full_identity(make_source: Any) -> None:
+    s = make_source("create table nokey (a int, b text)", ["nokey"])
+    with pytest.raises(SourceError, match="REPLICA IDENTITY FULL"):
+        prepare(s.config())
+    s.execute("alter table nokey replica identity full")
+    prepare(s.config())  # now accepted; the whole row is the key
+
+
+def test_missing_publication_without_create(make_source: Any) -> None:
+    s = make_source(ITEMS, ["items"])
+    with pytest.raises(SourceError, match="does not exist and create_publication is false"):
+        prepare(s.config(create_publication=False))
+
+
+def test_slot_in_use_by_another_process(make_source: Any) -> None:
+    s = make_source(ITEMS, ["items"])
+    prepare(s.config())
+    first = ReplicationStream(s.dsn, s.config().slot_name, s.config().publication_name)
+    first.open()
+    try:
+        second = ReplicationStream(s.dsn, s.config().slot_name, s.config().publication_name)
+        with pytest.raises(SourceError, match="in use by another process"):
+            second.open()
+    finally:
+        first.close()
+
+
+def test_failed_delta_commit_does_not_advance_the_slot(spark: Any, warehouse: Path, make_source: Any) -> None:
+    s = make_source(ITEMS, ["items"])
+    prepare(s.config())
+    capture_once(spark, warehouse, s.config())  # creates bronze
+    admin = PostgresAdmin(s.config())
+    before = admin.slot_health().confirmed_flush_lsn
+    s.execute("insert into items values (1, 'a')")
+    events = warehouse / "bronze" / "wal_events"
+    blocker = events / f"source={s.name}"
+    shutil.rmtree(blocker, ignore_errors=True)
+    blocker.write_text("not a directory")  # the next append cannot create its files
+    with pytest.raises(BronzeWriteError):
+        capture_once(spark, warehouse, s.config())
+    assert admin.slot_health().confirmed_flush_lsn == before
+    blocker.unlink()
+    capture_once(spark, warehouse, s.config())  # the change was kept by the slot and arrives now
+    assert [e.record_pk for e in bronze_events(spark, warehouse, s.name)] == ['{"id":1}']
+    admin.close()
+
+
+@pytest.fixture(scope="module")
+def scratch_cluster() -> Iterator[tuple[str, Path]]:
+    """A second, throwaway PostgreSQL cluster whose settings the tests may break."""
+    state = Path(tempfile.mkdtemp(prefix="changelake-scratch-", dir="/tmp"))
+    state.chmod(0o755)
+    env = dict(os.environ, CHANGELAKE_STATE=str(state), CHANGELAKE_PG_PORT="54339")
+    dsn = (
+        subprocess.run(
+            ["bash", str(ROOT / "scripts/pg.sh"), "start"], env=env, check=True, capture_output=True, text=True
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
+    yield dsn, state
+    subprocess.run(["bash", str(ROOT / "scripts/pg.sh"), "stop"], env=env, check=False)
+    shutil.rmtree(state, ignore_errors=True)
+
+
+def _restart_with(state: Path, setting: str) -> None:
+    conf = state / "pgdata" / "postgresql.conf"
+    conf.write_text(conf.read_text() + setting + "\n")
+    bindir = next(p for p in Path("/usr/lib/postgresql").glob("*/bin") if (p / "pg_ctl").exists())
+    cmd = [
+        str(bindir / "pg_ctl"),
+        "-D",
+        str(state / "pgdata"),
+        "-w",
+        "-m",
+        "fast",
+        "restart",
+        "-l",
+        str(state / "pgdata" / "server.log"),
+    ]
+    subprocess.run(
+        ["runuser", "-u", "postgres", "--", *cmd] if os.getuid() == 0 else cmd, check=True, capture_output=True
+    )
+
+
+def test_invalidated_slot_says_how_to_recover(scratch_cluster: tuple[str, Path]) -> None:
+    from ingest.config import PostgresSource
+
+    dsn, state = scratch_cluster
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("create table if not exists big (id serial primary key, pad text)")
+    src = PostgresSource(kind="postgres", name="lost", dsn=dsn, tables=["public.big"])
+    prepare(src)
+    _restart_with(state, "max_slot_wal_keep_size = 1MB")
+    with psycopg.connect(dsn, autocommit=True) as c:
+        for _ in range(4):  # push several WAL segments past the slot, then let a checkpoint drop them
+            c.execute("insert into big (pad) select repeat('x', 1000) from generate_series(1, 20000)")
+            c.execute("select pg_switch_wal()")
+        c.execute("checkpoint")
+        status = c.execute("select wal_status from pg_replication_slots where slot_name = 'changelake_lost'").fetchone()
+    assert status is not None and status[0] == "lost"
+    with pytest.raises(SlotInvalidatedError, match=r"pg_drop_replication_slot\('changelake_lost'\).*re-snapshot"):
+        prepare(src)
+
+
+def test_server_without_logical_wal_level(scratch_cluster: tuple[str, Path]) -> None:
+    from ingest.config import PostgresSource
+
+    dsn, state = scratch_cluster
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("select pg_drop_replication_slot(slot_name) from pg_replication_slots")
+    _restart_with(state, "wal_level = replica")
+    src = PostgresSource(kind="postgres", name="replica", dsn=dsn, tables=["public.big"])
+    with pytest.raises(SourceError, match="wal_level is 'replica'.*wal_level = logical"):
+        prepare(src)
