@@ -81,7 +81,7 @@ RELATIONS_SCHEMA = T.StructType(
 )
 
 NOW = dt.datetime(2026, 1, 1, 12, 0, 0)
-SOURCE = "demo"
+SOURCE = "shop"
 
 
 def ev(lsn: int, idx: int, action: str, table: str | None, pk: dict | None, record: dict | None,

@@ -65,6 +65,14 @@ def test_slot_in_use_by_another_process(make_source: Any) -> None:
         first.close()
 
 
+def freeze(path: Path, on: bool) -> None:
+    """Make a directory refuse new files, even for root (chattr +i), or undo it."""
+    if os.getuid() == 0:
+        subprocess.run(["chattr", "+i" if on else "-i", str(path)], check=True)
+    else:
+        path.chmod(0o555 if on else 0o755)
+
+
 def test_failed_delta_commit_does_not_advance_the_slot(spark: Any, warehouse: Path, make_source: Any) -> None:
     s = make_source(ITEMS, ["items"])
     prepare(s.config())
@@ -72,14 +80,14 @@ def test_failed_delta_commit_does_not_advance_the_slot(spark: Any, warehouse: Pa
     admin = PostgresAdmin(s.config())
     before = admin.slot_health().confirmed_flush_lsn
     s.execute("insert into items values (1, 'a')")
-    events = warehouse / "bronze" / "wal_events"
-    blocker = events / f"source={s.name}"
-    shutil.rmtree(blocker, ignore_errors=True)
-    blocker.write_text("not a directory")  # the next append cannot create its files
-    with pytest.raises(BronzeWriteError):
-        capture_once(spark, warehouse, s.config())
-    assert admin.slot_health().confirmed_flush_lsn == before
-    blocker.unlink()
+    partition = warehouse / "bronze" / "wal_events" / f"source={s.name}"
+    freeze(partition, True)  # the next append cannot create its files there (as a full disk would)
+    try:
+        with pytest.raises(BronzeWriteError):
+            capture_once(spark, warehouse, s.config())
+        assert admin.slot_health().confirmed_flush_lsn == before
+    finally:
+        freeze(partition, False)
     capture_once(spark, warehouse, s.config())  # the change was kept by the slot and arrives now
     assert [e.record_pk for e in bronze_events(spark, warehouse, s.name)] == ['{"id":1}']
     admin.close()

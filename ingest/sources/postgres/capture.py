@@ -15,6 +15,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 from ingest import faults
+from ingest.bronze.committer import Batch, Committer
 from ingest.bronze.writer import BronzeWriter
 from ingest.config import BatchConfig, PostgresSource
 from ingest.events import ChangeEvent, WriterKind, WriterPosition
@@ -105,16 +106,11 @@ class PostgresCapture:
     def _register(self, admin: PostgresAdmin) -> None:
         self.writer.ensure_tables()
         mine = [(p, t) for p, t in self.writer.positions(self.src.name) if p.writer_id == STREAM_WRITER_ID]
-        health = admin.slot_health()
-        slot_pos = health.confirmed_flush_lsn or 0
         if mine:
             self.durable_lsn, self.ack_lsn = mine[0][0].durable_lsn, mine[0][0].ack_lsn
-        else:
-            # A new writer starts where the slot starts: nothing before it will ever be sent.
-            self.durable_lsn = self.ack_lsn = slot_pos
-            self._raise()
-
-    def _raise(self) -> None:
+            return
+        # A new writer starts where the slot starts: nothing before it will ever be sent.
+        self.durable_lsn = self.ack_lsn = admin.slot_health().confirmed_flush_lsn or 0
         self.writer.raise_position(
             WriterPosition(self.src.name, STREAM_WRITER_ID, WriterKind.STREAM, self.durable_lsn, self.ack_lsn),
             self.started_at,
@@ -136,13 +132,27 @@ class PostgresCapture:
                 skip_upto,
                 time.monotonic() - t0,
             )
-            builder = ChangeBuilder(PgCatalog(admin))
+            committer = Committer(
+                self.writer,
+                self.src.name,
+                "postgres",
+                STREAM_WRITER_ID,
+                WriterKind.STREAM,
+                self.started_at,
+                self.durable_lsn,
+                self.ack_lsn,
+                self.progress,
+            )
             stream = ReplicationStream(self.src.dsn, self.src.slot_name, self.src.publication_name)
-            stream.open()
             try:
-                self._loop(admin, stream, builder, known, skip_upto, once, should_stop)
+                stream.open()
+                self._loop(
+                    admin, stream, committer, ChangeBuilder(PgCatalog(admin)), known, skip_upto, once, should_stop
+                )
             finally:
+                committer.close()
                 stream.close()
+                self.durable_lsn, self.ack_lsn = committer.durable_lsn, committer.ack_lsn
         finally:
             admin.close()
 
@@ -150,6 +160,7 @@ class PostgresCapture:
         self,
         admin: PostgresAdmin,
         stream: ReplicationStream,
+        committer: Committer,
         builder: ChangeBuilder,
         known: set[str],
         skip_upto: tuple[int, int] | None,
@@ -161,41 +172,25 @@ class PostgresCapture:
             admin.emit_message(DRAIN_PREFIX, drain_token)
         drained = False
         pending: list[ChangeEvent] = []
-        completed: TxnEnd | None = None
+        completed: TxnEnd | None = None  # the last transaction end not yet handed to the committer
         batch_started = 0.0
         last_activity = last_status = last_idle_raise = time.monotonic()
-        wal_end = self.ack_lsn
+        sent_ack = self.ack_lsn
+        wal_end = observed = self.ack_lsn
+        skip_below = self.durable_lsn  # re-delivered: committed at or below our durable position
         max_events, max_seconds = self.batch.max_events, self.batch.max_seconds
 
-        def flush() -> None:
-            nonlocal skip_upto
-            shapes = [s for s in builder.new_shapes if s.shape_hash not in known]
+        def submit() -> None:
+            nonlocal completed
+            shapes = [sh for sh in builder.new_shapes if sh.shape_hash not in known]
             builder.new_shapes.clear()
-            self.writer.append_relations(self.src.name, shapes)
-            known.update(s.shape_hash for s in shapes)
-            t0 = time.monotonic()
-            n = len(pending)
-            if pending:
-                faults.hit("before_events_commit")
-                self.writer.append_events(self.src.name, "postgres", STREAM_WRITER_ID, pending)
-                faults.hit("mid_transaction_flush" if builder.in_txn else "after_events_commit")
-                self.progress.add(len(pending))
-                skip_upto = pending[-1].position
-                pending.clear()
-            if completed is not None and completed.commit_lsn > self.durable_lsn:
-                self.durable_lsn = completed.commit_lsn
-                self.ack_lsn = max(self.ack_lsn, completed.end_lsn)
-                self._raise()
-                faults.hit("after_position_commit")
-                stream.send_status(self.ack_lsn)
-                faults.hit("after_ack")
-            log.info(
-                "flushed source=%s events=%d durable_lsn=%d seconds=%.2f",
-                self.src.name,
-                n,
-                self.durable_lsn,
-                time.monotonic() - t0,
-            )
+            known.update(sh.shape_hash for sh in shapes)
+            batch = Batch(list(pending), shapes, mid_transaction=builder.in_txn)
+            if completed is not None:
+                batch.durable_lsn, batch.ack_lsn = completed.commit_lsn, completed.end_lsn
+                completed = None
+            pending.clear()
+            committer.submit(batch)
 
         while not should_stop():
             now = time.monotonic()
@@ -205,53 +200,57 @@ class PostgresCapture:
                 wal_end = max(wal_end, msg.wal_end)
                 out = builder.feed(decode(msg.payload))
                 if out is None:
-                    continue
-                if isinstance(out, TxnEnd):
+                    pass
+                elif isinstance(out, TxnEnd):
                     completed = out
                     if drained or len(pending) >= max_events or (pending and now - batch_started >= max_seconds):
-                        flush()
+                        submit()
                     if drained:
                         break
-                    continue
-                if not builder.in_txn:  # a non-transactional logical message: a unit of its own
-                    out = replace(out, commit_ts_us=int(time.time() * 1_000_000))
-                    completed = TxnEnd(out.commit_lsn, out.commit_lsn, out.commit_ts_us)
-                if drain_token and out.message_prefix == DRAIN_PREFIX and out.message_content == drain_token:
-                    drained = True
-                if out.commit_lsn <= self.durable_lsn or (skip_upto is not None and out.position <= skip_upto):
-                    self.skipped += 1  # re-delivered after a restart; already durable in bronze
-                    continue
-                if not pending:
-                    batch_started = now
-                pending.append(out)
-                if len(pending) >= max_events and builder.in_txn:
-                    flush()  # a transaction larger than a batch goes to bronze in pages
-                continue
-            if isinstance(msg, Keepalive):
+                else:
+                    if not builder.in_txn:  # a non-transactional logical message: a unit of its own
+                        out = replace(out, commit_ts_us=int(time.time() * 1_000_000))
+                        completed = TxnEnd(out.commit_lsn, out.commit_lsn, out.commit_ts_us)
+                    if drain_token and out.message_prefix == DRAIN_PREFIX and out.message_content == drain_token:
+                        drained = True
+                    if out.commit_lsn <= skip_below or (skip_upto is not None and out.position <= skip_upto):
+                        self.skipped += 1  # re-delivered after a restart; already durable in bronze
+                    else:
+                        if not pending:
+                            batch_started = now
+                        pending.append(out)
+                        if len(pending) >= max_events and builder.in_txn:
+                            submit()  # a transaction larger than a batch goes to bronze in pages
+            elif isinstance(msg, Keepalive):
                 wal_end = max(wal_end, msg.wal_end)
-                idle = not builder.in_txn and not pending
-                if idle and msg.wal_end > self.ack_lsn:
-                    # Everything sent up to wal_end is durable: an idle writer reports what it observed.
-                    self.ack_lsn = msg.wal_end
-                    if now - last_idle_raise >= IDLE_POSITION_INTERVAL_S:
-                        self.durable_lsn = max(self.durable_lsn, msg.wal_end)
-                        self._raise()
-                        last_idle_raise = now
+                # A keepalive's LSN is how far the server has decoded (sentPtr): every transaction that
+                # committed before it has been sent. (XLogData's wal_end is the server's WAL end: not that.)
+                observed = max(observed, msg.wal_end)
+                idle = not builder.in_txn and not pending and completed is None and committer.idle
+                if idle and observed > committer.ack_lsn and now - last_idle_raise >= IDLE_POSITION_INTERVAL_S:
+                    # Everything up to `observed` is durable: an idle writer reports what it observed.
+                    committer.submit(Batch([], durable_lsn=observed, ack_lsn=observed))
+                    last_idle_raise = now
                 if msg.reply_requested:
-                    stream.send_status(self.ack_lsn)
-                    last_status = now
-            elif pending and not builder.in_txn and now - batch_started >= max_seconds:
-                flush()
-            if now - last_status >= STATUS_INTERVAL_S:
-                stream.send_status(self.ack_lsn)
+                    last_status = 0.0  # answer below
+            elif (pending or completed is not None) and not builder.in_txn and now - batch_started >= max_seconds:
+                submit()
+            if committer.ack_lsn > sent_ack or now - last_status >= STATUS_INTERVAL_S:
+                sent_ack = committer.ack_lsn
+                stream.send_status(sent_ack)
+                faults.hit("after_ack")
                 last_status = now
             if not once and now - last_activity >= self.src.heartbeat_seconds:
                 admin.emit_message(HEARTBEAT_PREFIX, datetime.now(UTC).isoformat())
                 last_activity = now
-            self.progress.tick(max(0, wal_end - self.durable_lsn))
-        # Stopping: make complete transactions durable; a partial one is re-read next time.
-        if pending or (completed is not None and completed.commit_lsn > self.durable_lsn):
-            flush()
-        if self.ack_lsn > self.durable_lsn and not builder.in_txn:
-            self.durable_lsn = self.ack_lsn
-            self._raise()
+            self.progress.tick(max(0, wal_end - committer.durable_lsn))
+        # Stopping: make what we have durable (a partial transaction is re-read next time), then ack.
+        if pending or completed is not None:
+            submit()
+        committer.drain()
+        if not builder.in_txn and observed > committer.durable_lsn and not drained:
+            committer.submit(Batch([], durable_lsn=observed, ack_lsn=observed))
+            committer.drain()
+        if committer.ack_lsn > sent_ack:
+            stream.send_status(committer.ack_lsn)
+            faults.hit("after_ack")

@@ -1,0 +1,154 @@
+"""Makes batches durable in order on a background thread while the source keeps decoding.
+
+Decoding is Python work and a Delta commit is JVM work: overlapping them is most of ingest's
+throughput on two cores. Order and safety are unchanged: batches commit one at a time, in the
+order they were submitted; a batch's events commit before its position row is raised; and the
+caller acknowledges the source only with `ack_lsn`, which moves after both are durable.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from ingest import faults
+from ingest.bronze.writer import BronzeWriter
+from ingest.errors import BronzeWriteError, IngestError
+from ingest.events import ChangeEvent, RelationShape, WriterKind, WriterPosition
+from ingest.progress import Progress
+
+log = logging.getLogger(__name__)
+
+MAX_IN_FLIGHT = 1  # batches queued behind the one being committed (bounds memory to ~3 batches)
+
+
+@dataclass(slots=True)
+class Batch:
+    """Events to append (position order) and the position that becomes durable with them.
+
+    `durable_lsn`/`ack_lsn` are None when the batch ends inside a transaction (a page of a large
+    transaction): its events are written but nothing new is durable yet.
+    """
+
+    events: list[ChangeEvent]
+    shapes: list[RelationShape] = field(default_factory=list)
+    durable_lsn: int | None = None
+    ack_lsn: int | None = None
+    mid_transaction: bool = False
+
+
+_STOP = object()
+
+
+class Committer:
+    """Owns the commit thread of one writer.
+
+    Responsibilities: append each batch's shapes and events to bronze, raise the writer's position,
+    publish the new `ack_lsn` for the caller to acknowledge, and surface a failure on the next call
+    (after which nothing further commits and nothing further is acknowledged).
+    """
+
+    def __init__(
+        self,
+        writer: BronzeWriter,
+        source: str,
+        source_kind: str,
+        writer_id: str,
+        writer_kind: WriterKind,
+        started_at: datetime,
+        durable_lsn: int,
+        ack_lsn: int,
+        progress: Progress,
+    ) -> None:
+        """Start the thread; positions start at the writer's registered `durable_lsn`/`ack_lsn`."""
+        self.writer = writer
+        self.source, self.source_kind = source, source_kind
+        self.writer_id, self.writer_kind, self.started_at = writer_id, writer_kind, started_at
+        self.durable_lsn = durable_lsn
+        self.ack_lsn = ack_lsn
+        self.progress = progress
+        self._queue: queue.Queue[Batch | object] = queue.Queue(maxsize=MAX_IN_FLIGHT)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._work, name=f"committer-{source}", daemon=True)
+        self._thread.start()
+
+    def _check(self) -> None:
+        if self._error is not None:
+            if isinstance(self._error, IngestError):
+                raise self._error
+            raise BronzeWriteError(f"bronze commit failed: {self._error}") from self._error
+
+    def submit(self, batch: Batch) -> None:
+        """Queue `batch` (blocks while MAX_IN_FLIGHT batches wait); raises an earlier failure."""
+        self._check()
+        while True:
+            try:
+                self._queue.put(batch, timeout=0.5)
+                return
+            except queue.Full:
+                self._check()
+
+    @property
+    def idle(self) -> bool:
+        """Whether every submitted batch is durable."""
+        return self._queue.unfinished_tasks == 0
+
+    def drain(self) -> None:
+        """Wait until every submitted batch is durable; raises a failure."""
+        while not self.idle:
+            self._check()
+            time.sleep(0.01)
+        self._check()
+
+    def close(self) -> None:
+        """Stop the thread after the queued batches (call drain() first to see failures)."""
+        if self._thread.is_alive():
+            self._queue.put(_STOP)
+            self._thread.join()
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is _STOP:
+                    return
+                if self._error is None:
+                    assert isinstance(item, Batch)
+                    self._commit(item)
+            except BaseException as e:  # kept and re-raised in the caller's thread by _check()
+                log.error("commit failed source=%s error=%s", self.source, e)
+                self._error = e
+            finally:
+                self._queue.task_done()
+
+    def _commit(self, batch: Batch) -> None:
+        t0 = time.monotonic()
+        self.writer.append_relations(self.source, batch.shapes)
+        if batch.events:
+            faults.hit("before_events_commit")
+            self.writer.append_events(self.source, self.source_kind, self.writer_id, batch.events)
+            faults.hit("mid_transaction_flush" if batch.mid_transaction else "after_events_commit")
+            self.progress.add(len(batch.events))
+        if batch.durable_lsn is not None and batch.durable_lsn > self.durable_lsn:
+            pos = WriterPosition(
+                self.source,
+                self.writer_id,
+                self.writer_kind,
+                batch.durable_lsn,
+                max(self.ack_lsn, batch.ack_lsn or 0),
+            )
+            self.writer.raise_position(pos, self.started_at)
+            faults.hit("after_position_commit")
+            self.durable_lsn = pos.durable_lsn
+            self.ack_lsn = pos.ack_lsn  # the caller acknowledges this to the source
+        log.info(
+            "committed source=%s events=%d durable_lsn=%d seconds=%.2f",
+            self.source,
+            len(batch.events),
+            self.durable_lsn,
+            time.monotonic() - t0,
+        )

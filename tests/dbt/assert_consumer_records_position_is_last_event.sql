@@ -1,0 +1,106 @@
+-- Invariants DESIGN §6 and §7.1 (a record is the state after the last event for its key): a
+-- stream record's position is the last event for its key (its own changes, and a primary-key
+-- change away from it), or a later truncate of its table that deleted it; every key that has
+-- an event has a record.
+with
+
+sequin_events as (
+
+    select * from {{ ref('sequin_events') }}
+
+),
+
+consumer_records as (
+
+    select * from {{ ref('consumer_records') }}
+    where origin = 'stream'
+
+),
+
+key_events as (
+
+    select
+        source,
+        table_schema,
+        table_name,
+        record_pk,
+        commit_lsn,
+        commit_index
+    from sequin_events
+    where action in ('insert', 'update', 'delete')
+    union all
+    select
+        source,
+        table_schema,
+        table_name,
+        old_record_pk as record_pk,
+        commit_lsn,
+        commit_index
+    from sequin_events
+    where action = 'update' and old_record_pk is not null and old_record_pk != record_pk
+
+),
+
+last_key_events as (
+
+    select
+        source,
+        table_schema,
+        table_name,
+        record_pk,
+        max(named_struct('commit_lsn', commit_lsn, 'commit_index', commit_index)) as last_position
+    from key_events
+    group by source, table_schema, table_name, record_pk
+
+),
+
+truncates as (
+
+    select
+        sequin_events.source,
+        sequin_events.commit_lsn,
+        sequin_events.commit_index,
+        truncated_table
+    from sequin_events
+    lateral view explode(sequin_events.truncated_tables) as truncated_table
+    where sequin_events.action = 'truncate'
+
+),
+
+compared as (
+
+    select
+        last_key_events.source,
+        last_key_events.table_schema,
+        last_key_events.table_name,
+        last_key_events.record_pk,
+        last_key_events.last_position,
+        consumer_records.record_pk is not null as has_record,
+        named_struct(
+            'commit_lsn', consumer_records.commit_lsn,
+            'commit_index', consumer_records.commit_index
+        ) as record_position,
+        consumer_records.deleted,
+        truncates.source is not null as deleted_by_truncate
+    from last_key_events
+    left join consumer_records
+        on
+            last_key_events.source = consumer_records.source
+            and last_key_events.table_schema = consumer_records.table_schema
+            and last_key_events.table_name = consumer_records.table_name
+            and last_key_events.record_pk = consumer_records.record_pk
+    left join truncates
+        on
+            consumer_records.source = truncates.source
+            and consumer_records.commit_lsn = truncates.commit_lsn
+            and consumer_records.commit_index = truncates.commit_index
+            and concat(consumer_records.table_schema, '.', consumer_records.table_name) = truncates.truncated_table
+
+)
+
+select *
+from compared
+where
+    not has_record
+    or record_position < last_position
+    or (record_position > last_position and not (deleted and deleted_by_truncate))

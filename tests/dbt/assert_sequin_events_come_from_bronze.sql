@@ -1,0 +1,24 @@
+-- Invariant DESIGN §7.2 (sequin_events equals the committed change history): every event in
+-- silver is a change event that bronze holds under the same key and action.
+with
+
+sequin_events as (
+
+    select * from {{ ref('sequin_events') }}
+
+),
+
+wal_events as (
+
+    select * from {{ source('bronze', 'wal_events') }}
+
+)
+
+select sequin_events.*
+from sequin_events
+left anti join wal_events
+    on
+        sequin_events.source = wal_events.source
+        and sequin_events.commit_lsn = wal_events.commit_lsn
+        and sequin_events.commit_index = wal_events.commit_index
+        and sequin_events.action = wal_events.action
