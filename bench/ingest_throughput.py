@@ -76,6 +76,8 @@ def run_ingest(cfg: Path) -> tuple[float, PeakRss, str]:
     secs = time.monotonic() - t0
     if proc.returncode != 0:
         raise SystemExit(f"ingest failed: {err[-3000:]}")
+    if os.environ.get("BENCH_DEBUG"):
+        print(err[-6000:])
     return secs, peak, err
 
 

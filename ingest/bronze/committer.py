@@ -39,6 +39,7 @@ class Batch:
     durable_lsn: int | None = None
     ack_lsn: int | None = None
     mid_transaction: bool = False
+    end_lsns: dict[int, int] = field(default_factory=dict)  # commit LSN -> end LSN of its transaction
 
 
 _STOP = object()
@@ -130,7 +131,7 @@ class Committer:
         self.writer.append_relations(self.source, batch.shapes)
         if batch.events:
             faults.hit("before_events_commit")
-            self.writer.append_events(self.source, self.source_kind, self.writer_id, batch.events)
+            self.writer.append_events(self.source, self.source_kind, self.writer_id, batch.events, batch.end_lsns)
             faults.hit("mid_transaction_flush" if batch.mid_transaction else "after_events_commit")
             self.progress.add(len(batch.events))
         if batch.durable_lsn is not None and batch.durable_lsn > self.durable_lsn:

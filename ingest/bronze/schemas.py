@@ -14,6 +14,7 @@ WAL_EVENTS = pa.schema(
         ("source_kind", pa.string()),
         ("commit_lsn", pa.int64()),
         ("commit_index", pa.int32()),
+        ("end_lsn", pa.int64()),
         ("xid", pa.int64()),
         ("commit_timestamp", TS),
         ("action", pa.string()),

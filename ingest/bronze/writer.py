@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,7 +41,9 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-def _events_to_arrow(source: str, source_kind: str, writer_id: str, events: Sequence[ChangeEvent]) -> pa.Table:
+def _events_to_arrow(
+    source: str, source_kind: str, writer_id: str, events: Sequence[ChangeEvent], end_lsns: Mapping[int, int]
+) -> pa.Table:
     n = len(events)
     ingested = _now()
     cols: dict[str, Any] = {
@@ -49,6 +51,7 @@ def _events_to_arrow(source: str, source_kind: str, writer_id: str, events: Sequ
         "source_kind": pa.array([source_kind] * n, pa.string()),
         "commit_lsn": [e.commit_lsn for e in events],
         "commit_index": [e.commit_index for e in events],
+        "end_lsn": [end_lsns.get(e.commit_lsn) for e in events],
         "xid": [e.xid for e in events],
         "commit_timestamp": pa.array([e.commit_ts_us for e in events], pa.int64()).cast(
             WAL_EVENTS_TABLE.schema.field("commit_timestamp").type
@@ -108,7 +111,8 @@ class BronzeWriter:
 
     def _append(self, table: BronzeTable, data: pa.Table, app_id: str | None, version: int | None) -> None:
         df: DataFrame = self.spark.createDataFrame(data)
-        writer = df.write.format("delta").mode("append")
+        # mergeSchema: a newer ingest may add a column to the contract; old rows read it as NULL.
+        writer = df.write.format("delta").mode("append").option("mergeSchema", "true")
         if app_id is not None and version is not None:
             writer = writer.option("txnAppId", app_id).option("txnVersion", version)
         try:
@@ -116,12 +120,23 @@ class BronzeWriter:
         except Exception as e:
             raise BronzeWriteError(f"append to {self.path(table)} failed: {e}") from e
 
-    def append_events(self, source: str, source_kind: str, writer_id: str, events: Sequence[ChangeEvent]) -> None:
-        """Commit `events` (in position order) as one Delta transaction; a retried batch is a no-op."""
+    def append_events(
+        self,
+        source: str,
+        source_kind: str,
+        writer_id: str,
+        events: Sequence[ChangeEvent],
+        end_lsns: Mapping[int, int] | None = None,
+    ) -> None:
+        """Commit `events` (in position order) as one Delta transaction; a retried batch is a no-op.
+
+        `end_lsns` maps a commit LSN to its transaction's end LSN where known (not for a page of a
+        transaction whose Commit has not arrived yet: those rows get NULL).
+        """
         if not events:
             return
         last = events[-1]
-        data = _events_to_arrow(source, source_kind, writer_id, events)
+        data = _events_to_arrow(source, source_kind, writer_id, events, end_lsns or {})
         self._append(WAL_EVENTS_TABLE, data, f"{source}/{writer_id}", txn_version(last.commit_lsn, last.commit_index))
 
     def append_relations(self, source: str, shapes: Sequence[RelationShape]) -> None:

@@ -172,6 +172,7 @@ class PostgresCapture:
             admin.emit_message(DRAIN_PREFIX, drain_token)
         drained = False
         pending: list[ChangeEvent] = []
+        end_lsns: dict[int, int] = {}  # commit LSN -> end LSN for the transactions in `pending`
         completed: TxnEnd | None = None  # the last transaction end not yet handed to the committer
         batch_started = 0.0
         last_activity = last_status = last_idle_raise = time.monotonic()
@@ -185,11 +186,12 @@ class PostgresCapture:
             shapes = [sh for sh in builder.new_shapes if sh.shape_hash not in known]
             builder.new_shapes.clear()
             known.update(sh.shape_hash for sh in shapes)
-            batch = Batch(list(pending), shapes, mid_transaction=builder.in_txn)
+            batch = Batch(list(pending), shapes, mid_transaction=builder.in_txn, end_lsns=dict(end_lsns))
             if completed is not None:
                 batch.durable_lsn, batch.ack_lsn = completed.commit_lsn, completed.end_lsn
                 completed = None
             pending.clear()
+            end_lsns.clear()
             committer.submit(batch)
 
         while not should_stop():
@@ -203,6 +205,7 @@ class PostgresCapture:
                     pass
                 elif isinstance(out, TxnEnd):
                     completed = out
+                    end_lsns[out.commit_lsn] = out.end_lsn
                     if drained or len(pending) >= max_events or (pending and now - batch_started >= max_seconds):
                         submit()
                     if drained:
@@ -211,6 +214,7 @@ class PostgresCapture:
                     if not builder.in_txn:  # a non-transactional logical message: a unit of its own
                         out = replace(out, commit_ts_us=int(time.time() * 1_000_000))
                         completed = TxnEnd(out.commit_lsn, out.commit_lsn, out.commit_ts_us)
+                        end_lsns[out.commit_lsn] = out.commit_lsn
                     if drain_token and out.message_prefix == DRAIN_PREFIX and out.message_content == drain_token:
                         drained = True
                     if out.commit_lsn <= skip_below or (skip_upto is not None and out.position <= skip_upto):
