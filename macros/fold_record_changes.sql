@@ -51,7 +51,9 @@
                     'deleted_at', cast(null as timestamp),
                     'needs_reread', exists(
                         change.unchanged_toast,
-                        column_name -> not coalesce(array_contains(json_object_keys({{ live_record }}), column_name), false)
+                        column_name -> not coalesce(
+                            array_contains(json_object_keys({{ live_record }}), column_name), false
+                        )
                     ),
                     'commit_lsn', change.commit_lsn,
                     'commit_index', change.commit_index,

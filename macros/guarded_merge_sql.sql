@@ -25,7 +25,8 @@
                 {%- if row[loop.index0] is none -%}
                     {%- do equalities.append('dbt_internal_dest.' ~ column ~ ' is null') -%}
                 {%- else -%}
-                    {%- do equalities.append('dbt_internal_dest.' ~ column ~ " = '" ~ row[loop.index0] | replace("\\", "\\\\") | replace("'", "\\'") ~ "'") -%}
+                    {%- set literal = row[loop.index0] | string | replace('\\', '\\\\') | replace("'", "\\'") -%}
+                    {%- do equalities.append('dbt_internal_dest.' ~ column ~ " = '" ~ literal ~ "'") -%}
                 {%- endif -%}
             {%- endfor -%}
             {%- do alternatives.append('(' ~ equalities | join(' and ') ~ ')') -%}
@@ -40,7 +41,8 @@
         {%- for earlier in guard_columns[:loop.index0] -%}
             {%- do equal_before.append('dbt_internal_source.' ~ earlier ~ ' = dbt_internal_dest.' ~ earlier) -%}
         {%- endfor -%}
-        {%- do newer.append('(' ~ (equal_before + ['dbt_internal_source.' ~ column ~ ' > dbt_internal_dest.' ~ column]) | join(' and ') ~ ')') -%}
+        {%- set greater = 'dbt_internal_source.' ~ column ~ ' > dbt_internal_dest.' ~ column -%}
+        {%- do newer.append('(' ~ (equal_before + [greater]) | join(' and ') ~ ')') -%}
     {%- endfor %}
 
     merge into {{ target }} as dbt_internal_dest

@@ -25,7 +25,8 @@
     {%- set root_parts = bronze_root.split('/') -%}
     {%- set shared = namespace(n=0, open=true) -%}
     {%- for part in probe_parts[:-1] -%}
-        {%- if shared.open and loop.index0 < root_parts | length - 1 and root_parts[loop.index0] == part -%}
+        {%- if shared.open and loop.index0 < root_parts | length - 1
+            and root_parts[loop.index0] == part -%}
             {%- set shared.n = loop.index -%}
         {%- else -%}
             {%- set shared.open = false -%}
@@ -47,12 +48,17 @@
     {%- for table_name in known_tables -%}
         {%- set location = bronze_root ~ '/' ~ table_name -%}
         {%- if table_name in existing -%}
-            {%- do run_query("create table if not exists bronze." ~ table_name ~ " using delta location '" ~ location ~ "'") -%}
+            {%- do run_query(
+                'create table if not exists bronze.' ~ table_name ~ " using delta location '" ~ location ~ "'") -%}
         {%- elif table_name in contract -%}
             {%- set ddl = contract[table_name] -%}
-            {%- do log('bronze.' ~ table_name ~ ': nothing at ' ~ location ~ ' yet; creating it empty with the contract schema', info=true) -%}
-            {%- do run_query("create table if not exists bronze." ~ table_name ~ " (" ~ ddl['columns'] ~ ") using delta partitioned by ("
-                ~ ddl['partition_by'] | join(', ') ~ ") location '" ~ location ~ "'") -%}
+            {%- do log('bronze.' ~ table_name ~ ': nothing at ' ~ location
+                ~ ' yet; creating it empty with the contract schema', info=true) -%}
+            {%- do run_query(
+                'create table if not exists bronze.' ~ table_name
+                ~ ' (' ~ ddl['columns'] | join(', ') ~ ')'
+                ~ ' using delta partitioned by (' ~ ddl['partition_by'] | join(', ') ~ ')'
+                ~ " location '" ~ location ~ "'") -%}
         {%- endif -%}
     {%- endfor -%}
 {% endmacro %}

@@ -5,7 +5,10 @@
         every other merge model keeps dbt-spark's own SQL.
     -#}
     {%- if config.get('merge_guard') -%}
-        {{ guarded_merge_sql(target, source, unique_key, config.get('merge_guard'), config.get('merge_prune_by', []), incremental_predicates) }}
+        {{ guarded_merge_sql(
+            target, source, unique_key,
+            config.get('merge_guard'), config.get('merge_prune_by', []), incremental_predicates
+        ) }}
     {%- else -%}
         {{ dbt.spark__get_merge_sql(target, source, unique_key, dest_columns, incremental_predicates) }}
     {%- endif -%}

@@ -21,24 +21,24 @@ sequin_events as (
 ),
 
 {% if is_incremental() %}
-current_records as (
+    current_records as (
 
-    select * from {{ this }}
+        select * from {{ this }}
 
-),
+    ),
 
-applied_positions as (
+    applied_positions as (
 
     -- Every applied event left its seq on some row, so events up to the source's max seq here are
     -- folded in. An event that changed no row (e.g. a truncate of an empty table) is simply
     -- folded again next run, which changes nothing.
-    select
-        source,
-        max(seq) as max_seq
-    from current_records
-    group by source
+        select
+            source,
+            max(seq) as max_seq
+        from current_records
+        group by source
 
-),
+    ),
 {% endif %}
 
 new_events as (
@@ -108,11 +108,23 @@ truncates as (
         new_events.commit_index,
         new_events.seq,
         new_events.commit_timestamp,
-        substring_index(truncated_table, '.', 1) as table_schema,
-        substring(truncated_table, length(substring_index(truncated_table, '.', 1)) + 2) as table_name
+        substring_index(truncated.truncated_table, '.', 1) as table_schema,
+        substring(
+            truncated.truncated_table, length(substring_index(truncated.truncated_table, '.', 1)) + 2
+        ) as table_name
     from new_events
-    lateral view explode(new_events.truncated_tables) as truncated_table
+        lateral view explode(new_events.truncated_tables) truncated as truncated_table
     where new_events.action = 'truncate'
+
+),
+
+truncated_tables as (
+
+    select distinct
+        source,
+        table_schema,
+        table_name
+    from truncates
 
 ),
 
@@ -142,7 +154,7 @@ truncated_keys as (
             current_records.table_name,
             current_records.record_pk
         from current_records
-        inner join (select distinct source, table_schema, table_name from truncates) as truncated_tables
+        inner join truncated_tables
             on
                 current_records.source = truncated_tables.source
                 and current_records.table_schema = truncated_tables.table_schema
@@ -272,7 +284,7 @@ folded as (
                 'origin', current_origin,
                 'updated_at', current_updated_at
             )"
-        ) }} as state
+        ) }} as record_state
     from starting_states
 
 ),
@@ -280,26 +292,29 @@ folded as (
 final as (
 
     select
-        source,
-        table_schema,
-        table_name,
-        record_pk,
-        state.record,
-        state.deleted,
-        state.deleted_at,
-        state.needs_reread,
-        state.commit_lsn,
-        state.commit_index,
-        state.seq,
-        state.origin,
-        state.updated_at
+        folded.source,
+        folded.table_schema,
+        folded.table_name,
+        folded.record_pk,
+        folded.record_state.record,
+        folded.record_state.deleted,
+        folded.record_state.deleted_at,
+        folded.record_state.needs_reread,
+        folded.record_state.commit_lsn,
+        folded.record_state.commit_index,
+        folded.record_state.seq,
+        folded.record_state.origin,
+        folded.record_state.updated_at
     from folded
     where
-        state.is_present
+        folded.record_state.is_present
         and (
-            not has_current
-            or state.commit_lsn > current_commit_lsn
-            or (state.commit_lsn = current_commit_lsn and state.commit_index > current_commit_index)
+            not folded.has_current
+            or folded.record_state.commit_lsn > folded.current_commit_lsn
+            or (
+                folded.record_state.commit_lsn = folded.current_commit_lsn
+                and folded.record_state.commit_index > folded.current_commit_index
+            )
         )
 
 )

@@ -25,18 +25,18 @@ safe_bounds as (
 ),
 
 {% if is_incremental() %}
-loaded_positions as (
+    loaded_positions as (
 
-    -- seq increases with position, so the max-seq row holds the source's max position.
-    select
-        source,
-        max(seq) as max_seq,
-        max_by(commit_lsn, seq) as max_commit_lsn,
-        max_by(commit_index, seq) as max_commit_index
-    from {{ this }}
-    group by source
+        -- seq increases with position, so the max-seq row holds the source's max position.
+        select
+            source,
+            max(seq) as max_seq,
+            max_by(commit_lsn, seq) as max_commit_lsn,
+            max_by(commit_index, seq) as max_commit_index
+        from {{ this }}
+        group by source
 
-),
+    ),
 {% endif %}
 
 change_events as (
@@ -82,10 +82,11 @@ deduplicated as (
     -- copies are identical, keep the first one appended.
     select *
     from new_events
-    qualify row_number() over (
-        partition by source, commit_lsn, commit_index
-        order by ingested_at, writer_id
-    ) = 1
+    qualify
+        row_number() over (
+            partition by source, commit_lsn, commit_index
+            order by ingested_at, writer_id
+        ) = 1
 
 ),
 
@@ -97,6 +98,20 @@ parsed as (
         from_json(old_record, 'map<string, string>') as old_record_text,
         from_json(old_record, 'map<string, variant>') as old_record_values
     from deduplicated
+
+),
+
+compared as (
+
+    -- Old values of the columns the update changed (only columns present in both tuples).
+    select
+        *,
+        map_filter(
+            old_record_values,
+            (column_name, old_value) -> map_contains_key(record_text, column_name)
+            and record_text[column_name] is distinct from old_record_text[column_name]
+        ) as changed_old_values
+    from parsed
 
 ),
 
@@ -123,18 +138,13 @@ final as (
         record,
         old_record,
         case
-            when action = 'update' and old_record is not null
-                then to_json(map_filter(
-                    old_record_values,
-                    (column_name, old_value) -> map_contains_key(record_text, column_name)
-                    and record_text[column_name] is distinct from old_record_text[column_name]
-                ))
+            when action = 'update' and old_record is not null then to_json(changed_old_values)
         end as changes,
         coalesce(unchanged_toast, cast(array() as array<string>)) as unchanged_toast,
         truncated_tables,
         writer_id,
         ingested_at
-    from parsed
+    from compared
 
 )
 

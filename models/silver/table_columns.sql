@@ -15,10 +15,11 @@ latest_shapes as (
 
     select *
     from source_relations
-    qualify row_number() over (
-        partition by source, table_schema, table_name
-        order by first_seen_lsn desc, ingested_at desc
-    ) = 1
+    qualify
+        row_number() over (
+            partition by source, table_schema, table_name
+            order by first_seen_lsn desc, ingested_at desc
+        ) = 1
 
 ),
 
@@ -37,7 +38,7 @@ shape_columns as (
         shape_column.col.is_key,
         shape_column.col.pk_position
     from latest_shapes
-    lateral view posexplode(latest_shapes.columns) shape_column as position, col
+        lateral view posexplode(latest_shapes.columns) shape_column as position, col
 
 ),
 

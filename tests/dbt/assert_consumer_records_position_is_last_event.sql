@@ -60,9 +60,9 @@ truncates as (
         sequin_events.source,
         sequin_events.commit_lsn,
         sequin_events.commit_index,
-        truncated_table
+        truncated.truncated_table
     from sequin_events
-    lateral view explode(sequin_events.truncated_tables) as truncated_table
+        lateral view explode(sequin_events.truncated_tables) truncated as truncated_table
     where sequin_events.action = 'truncate'
 
 ),

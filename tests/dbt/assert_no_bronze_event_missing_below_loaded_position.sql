@@ -45,7 +45,11 @@ bronze_changes_below_loaded as (
 
 )
 
-select bronze_changes_below_loaded.*
+select
+    bronze_changes_below_loaded.source,
+    bronze_changes_below_loaded.commit_lsn,
+    bronze_changes_below_loaded.commit_index,
+    bronze_changes_below_loaded.action
 from bronze_changes_below_loaded
 left anti join sequin_events
     on

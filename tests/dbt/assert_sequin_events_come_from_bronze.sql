@@ -14,7 +14,11 @@ wal_events as (
 
 )
 
-select sequin_events.*
+select
+    sequin_events.source,
+    sequin_events.commit_lsn,
+    sequin_events.commit_index,
+    sequin_events.action
 from sequin_events
 left anti join wal_events
     on

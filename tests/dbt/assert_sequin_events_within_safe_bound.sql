@@ -14,7 +14,11 @@ safe_bounds as (
 
 )
 
-select sequin_events.*
+select
+    sequin_events.source,
+    sequin_events.commit_lsn,
+    sequin_events.commit_index,
+    sequin_events.action
 from sequin_events
 left join safe_bounds
     on sequin_events.source = safe_bounds.source

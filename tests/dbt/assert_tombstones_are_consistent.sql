@@ -16,7 +16,13 @@ sequin_events as (
 
 )
 
-select consumer_records.*
+select
+    consumer_records.source,
+    consumer_records.table_schema,
+    consumer_records.table_name,
+    consumer_records.record_pk,
+    consumer_records.commit_lsn,
+    consumer_records.commit_index
 from consumer_records
 left join sequin_events
     on
