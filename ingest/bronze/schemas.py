@@ -83,9 +83,21 @@ class BronzeTable:
     name: str
     schema: pa.Schema
     partition_by: tuple[str, ...]
+    properties: tuple[tuple[str, str], ...] = ()
 
 
-WAL_EVENTS_TABLE = BronzeTable("wal_events", WAL_EVENTS, ("source",))
+WAL_EVENTS_TABLE = BronzeTable(
+    "wal_events",
+    WAL_EVENTS,
+    ("source",),
+    (
+        # The contract: bronze is append-only. Delta refuses deletes and updates on it.
+        ("delta.appendOnly", "true"),
+        # Statistics only where readers filter (positions, table, ingest time); min/max of the
+        # JSON text columns cost write time and prune nothing.
+        ("delta.dataSkippingStatsColumns", "commit_lsn,commit_index,action,table_schema,table_name,ingested_at"),
+    ),
+)
 STREAM_POSITIONS_TABLE = BronzeTable("stream_positions", STREAM_POSITIONS, ("source", "writer_id"))
 SOURCE_RELATIONS_TABLE = BronzeTable("source_relations", SOURCE_RELATIONS, ("source",))
 ALL_TABLES = (WAL_EVENTS_TABLE, STREAM_POSITIONS_TABLE, SOURCE_RELATIONS_TABLE)

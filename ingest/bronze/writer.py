@@ -108,6 +108,9 @@ class BronzeWriter:
             except Exception as e:
                 if not self.exists(table):
                     raise BronzeWriteError(f"cannot create bronze table {self.path(table)}: {e}") from e
+            if table.properties:
+                props = ", ".join(f"'{k}' = '{v}'" for k, v in table.properties)
+                self.spark.sql(f"ALTER TABLE delta.`{self.path(table)}` SET TBLPROPERTIES ({props})")
 
     def _append(self, table: BronzeTable, data: pa.Table, app_id: str | None, version: int | None) -> None:
         df: DataFrame = self.spark.createDataFrame(data)
