@@ -1,6 +1,7 @@
 {% macro bronze_table_ddl() %}
     {#-
-        The bronze contract (docs/bronze.md) as DDL: table name -> (column list, partition columns).
+        The bronze contract (docs/bronze.md) as DDL: table name -> (column list, partition columns, table properties).
+        Must match ingest/bronze/schemas.py, which skips creating a table dbt already created.
         Used only to create an empty table at a bronze path that ingest has not written yet, so that
         sources always exist. snapshot_pages has no documented schema yet (DESIGN §5 issue), so it is
         registered when ingest has written it and never created here.
@@ -33,6 +34,11 @@
                 'ingested_at timestamp',
             ],
             'partition_by': ['source'],
+            'properties': {
+                'delta.appendOnly': 'true',
+                'delta.dataSkippingStatsColumns':
+                    'commit_lsn,commit_index,action,table_schema,table_name,ingested_at',
+            },
         },
         'stream_positions': {
             'columns': [

@@ -52,13 +52,18 @@
                 'create table if not exists bronze.' ~ table_name ~ " using delta location '" ~ location ~ "'") -%}
         {%- elif table_name in contract -%}
             {%- set ddl = contract[table_name] -%}
+            {%- set properties = [] -%}
+            {%- for key, value in ddl.get('properties', {}).items() -%}
+                {%- do properties.append("'" ~ key ~ "' = '" ~ value ~ "'") -%}
+            {%- endfor -%}
             {%- do log('bronze.' ~ table_name ~ ': nothing at ' ~ location
                 ~ ' yet; creating it empty with the contract schema', info=true) -%}
             {%- do run_query(
                 'create table if not exists bronze.' ~ table_name
                 ~ ' (' ~ ddl['columns'] | join(', ') ~ ')'
                 ~ ' using delta partitioned by (' ~ ddl['partition_by'] | join(', ') ~ ')'
-                ~ " location '" ~ location ~ "'") -%}
+                ~ " location '" ~ location ~ "'"
+                ~ (' tblproperties (' ~ properties | join(', ') ~ ')' if properties else '')) -%}
         {%- endif -%}
     {%- endfor -%}
 {% endmacro %}
