@@ -70,7 +70,7 @@ def workload(s: Any, rnd: random.Random, ids: list[int], truncate_lines: bool) -
         ids.append(new)
     if truncate_lines:
         s.execute("truncate lines")
-        s.execute("insert into lines select id, 2, 5 from accounts where id %% 3 = 0")
+        s.execute("insert into lines select id, 2, 5 from accounts where id % 3 = 0")
 
 
 def source_rows(s: Any, table: str, pk: list[str]) -> dict[str, dict[str, Any]]:
