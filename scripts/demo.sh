@@ -12,8 +12,16 @@ echo "demo: running a shop workload (customers, orders, status changes, cancella
 $PY -m demo.workload "$CHANGELAKE_PG_DSN"
 echo "demo: ingest run --once (drains the slot into bronze, then exits)"
 .venv/bin/changelake-ingest -c config/demo.yml run --once
-if [ -f dbt_project.yml ] && [ -f demo/summary.py ]; then
-  echo "demo: dbt build"
-  .venv/bin/dbt build --quiet --project-dir . --profiles-dir .
-  $PY -m demo.summary
-fi
+echo "demo: dbt build (silver + gold, with every data test and unit test)"
+.venv/bin/dbt build --quiet --project-dir . --profiles-dir .
+echo "demo: summary from gold"
+.venv/bin/dbt show --quiet --project-dir . --profiles-dir . --limit 20 --inline "
+  select counts.table_name, counts.live_records, counts.deleted_records,
+         health.lag_bytes, health.events_last_hour
+  from {{ ref('source_health') }} as health
+  join (
+    select source, table_name, count_if(not deleted) as live_records, count_if(deleted) as deleted_records
+    from {{ ref('consumer_records') }} group by source, table_name
+  ) as counts on counts.source = health.source
+  order by counts.table_name"
+echo "demo: done. Warehouse: $CHANGELAKE_WAREHOUSE (bronze/, dbt/silver.db, dbt/gold.db); try: dbt show --select public__orders"
