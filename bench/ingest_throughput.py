@@ -30,9 +30,12 @@ PY = sys.executable
 
 
 def dsn() -> str:
-    return os.environ.get("CHANGELAKE_PG_DSN") or subprocess.run(
-        ["bash", str(ROOT / "scripts/pg.sh"), "start"], check=True, capture_output=True, text=True
-    ).stdout.split()[-1]
+    return (
+        os.environ.get("CHANGELAKE_PG_DSN")
+        or subprocess.run(
+            ["bash", str(ROOT / "scripts/pg.sh"), "start"], check=True, capture_output=True, text=True
+        ).stdout.split()[-1]
+    )
 
 
 def rss_kb(pid: int) -> int:
@@ -67,8 +70,13 @@ class PeakRss(threading.Thread):
 
 def run_ingest(cfg: Path) -> tuple[float, PeakRss, str]:
     t0 = time.monotonic()
-    proc = subprocess.Popen([PY, "-m", "ingest", "-c", str(cfg), "-v", "run", "--once"], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [PY, "-m", "ingest", "-c", str(cfg), "-v", "run", "--once"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     peak = PeakRss(proc.pid)
     peak.start()
     out, err = proc.communicate()
@@ -101,15 +109,21 @@ def main() -> None:
     conn = psycopg.connect(d, autocommit=True)
     try:
         conn.execute(f"create schema {schema}")
-        conn.execute(f"create table {schema}.events (id bigint primary key, account int, kind text, "
-                     "amount numeric(12,2), at timestamptz)")
+        conn.execute(
+            f"create table {schema}.events (id bigint primary key, account int, kind text, "
+            "amount numeric(12,2), at timestamptz)"
+        )
         cfg = work / "ingest.yml"
-        cfg.write_text(yaml.safe_dump({
-            "warehouse": str(work / "warehouse"),
-            "spark": {"conf": {"spark.driver.memory": "2g"}},
-            "batch": {"max_events": 200_000, "max_seconds": 10},
-            "sources": [{"kind": "postgres", "name": name, "dsn": d, "tables": [f"{schema}.events"]}],
-        }))
+        cfg.write_text(
+            yaml.safe_dump(
+                {
+                    "warehouse": str(work / "warehouse"),
+                    "spark": {"conf": {"spark.driver.memory": "2g"}},
+                    "batch": {"max_events": 200_000, "max_seconds": 10},
+                    "sources": [{"kind": "postgres", "name": name, "dsn": d, "tables": [f"{schema}.events"]}],
+                }
+            )
+        )
         subprocess.run([PY, "-m", "ingest", "-c", str(cfg), "setup"], cwd=ROOT, check=True, capture_output=True)
         base_slot = f"recv_{suffix}"
         conn.execute("select pg_create_logical_replication_slot(%s, 'pgoutput')", (base_slot,))
@@ -121,23 +135,50 @@ def main() -> None:
         n_del = args.rows - n_ins - n_upd
         step = 10_000
         for lo in range(1, n_ins + 1, step):
-            conn.execute(f"insert into {schema}.events select g, g %% 1000, 'k' || (g %% 7), g * 0.01, now() "
-                         "from generate_series(%s::bigint, %s::bigint) g", (lo, min(lo + step - 1, n_ins)))
+            conn.execute(
+                f"insert into {schema}.events select g, g %% 1000, 'k' || (g %% 7), g * 0.01, now() "
+                "from generate_series(%s::bigint, %s::bigint) g",
+                (lo, min(lo + step - 1, n_ins)),
+            )
         for lo in range(1, n_upd + 1, step):
-            conn.execute(f"update {schema}.events set amount = amount + 1, kind = 'u' "
-                         "where id between %s and %s", (lo, min(lo + step - 1, n_upd)))
+            conn.execute(
+                f"update {schema}.events set amount = amount + 1, kind = 'u' where id between %s and %s",
+                (lo, min(lo + step - 1, n_upd)),
+            )
         for lo in range(n_ins - n_del + 1, n_ins + 1, step):
             conn.execute(f"delete from {schema}.events where id between %s and %s", (lo, min(lo + step - 1, n_ins)))
         end_lsn = conn.execute("select pg_current_wal_lsn()::text").fetchone()[0]  # type: ignore[index]
-        wal_bytes = conn.execute("select pg_wal_lsn_diff(%s::pg_lsn, confirmed_flush_lsn) from pg_replication_slots "
-                                 "where slot_name = %s", (end_lsn, base_slot)).fetchone()[0]  # type: ignore[index]
-        print(f"generated {args.rows:,} row changes, {int(wal_bytes) / 1e6:.0f} MB of WAL, in {time.monotonic() - t:.0f} s")
+        wal_bytes = conn.execute(
+            "select pg_wal_lsn_diff(%s::pg_lsn, confirmed_flush_lsn) from pg_replication_slots where slot_name = %s",
+            (end_lsn, base_slot),
+        ).fetchone()[0]  # type: ignore[index]
+        print(
+            f"generated {args.rows:,} row changes, {int(wal_bytes) / 1e6:.0f} MB of WAL, "
+            f"in {time.monotonic() - t:.0f} s"
+        )
 
         recv = shutil.which("pg_recvlogical") or next(Path("/usr/lib/postgresql").glob("*/bin/pg_recvlogical"))
         t = time.monotonic()
-        subprocess.run([str(recv), "-d", d, "--slot", base_slot, "--start", "--endpos", end_lsn, "--no-loop",
-                        "-o", "proto_version=1", "-o", f"publication_names=changelake_{name}", "-f", "/dev/null"],
-                       check=True)
+        subprocess.run(
+            [
+                str(recv),
+                "-d",
+                d,
+                "--slot",
+                base_slot,
+                "--start",
+                "--endpos",
+                end_lsn,
+                "--no-loop",
+                "-o",
+                "proto_version=1",
+                "-o",
+                f"publication_names=changelake_{name}",
+                "-f",
+                "/dev/null",
+            ],
+            check=True,
+        )
         recv_s = time.monotonic() - t
 
         ingest_s, peak, log = run_ingest(cfg)
@@ -146,25 +187,34 @@ def main() -> None:
         rate = args.rows / ingest_s
         steady = args.rows / max(ingest_s - warm, 1e-9)
         print(f"pg_recvlogical (pgoutput -> /dev/null): {recv_s:6.1f} s  {recv_rate:9,.0f} changes/s")
-        print(f"changelake-ingest run --once:          {ingest_s:6.1f} s  {rate:9,.0f} changes/s "
-              f"(incl. {warm:.0f} s JVM start + Delta warm-up)")
+        print(
+            f"changelake-ingest run --once:          {ingest_s:6.1f} s  {rate:9,.0f} changes/s "
+            f"(incl. {warm:.0f} s JVM start + Delta warm-up)"
+        )
         print(f"  excluding start-up:                   {ingest_s - warm:6.1f} s  {steady:9,.0f} changes/s")
-        print(f"ratio ingest / pg_recvlogical: {rate / recv_rate:.2f} (wall clock), "
-              f"{steady / recv_rate:.2f} (excluding start-up)")
+        print(
+            f"ratio ingest / pg_recvlogical: {rate / recv_rate:.2f} (wall clock), "
+            f"{steady / recv_rate:.2f} (excluding start-up)"
+        )
         print(f"peak RSS: python {peak.py_peak / 1024:.0f} MiB, Spark JVM {peak.jvm_peak / 1024:.0f} MiB")
         conn.execute("select pg_drop_replication_slot(%s)", (base_slot,))
 
         if args.single_txn_rows:
-            conn.execute(f"insert into {schema}.events select g, 1, 'one', 1, now() "
-                         "from generate_series(%s::bigint, %s::bigint) g",
-                         (10_000_000, 10_000_000 + args.single_txn_rows - 1))
+            conn.execute(
+                f"insert into {schema}.events select g, 1, 'one', 1, now() "
+                "from generate_series(%s::bigint, %s::bigint) g",
+                (10_000_000, 10_000_000 + args.single_txn_rows - 1),
+            )
             secs, peak, _ = run_ingest(cfg)
-            print(f"single transaction of {args.single_txn_rows:,} rows: {secs:.1f} s, peak RSS python "
-                  f"{peak.py_peak / 1024:.0f} MiB, Spark JVM {peak.jvm_peak / 1024:.0f} MiB")
+            print(
+                f"single transaction of {args.single_txn_rows:,} rows: {secs:.1f} s, peak RSS python "
+                f"{peak.py_peak / 1024:.0f} MiB, Spark JVM {peak.jvm_peak / 1024:.0f} MiB"
+            )
     finally:
         with psycopg.connect(d, autocommit=True) as c:
-            for (slot,) in c.execute("select slot_name from pg_replication_slots where slot_name like %s",
-                                     (f"%{suffix}",)).fetchall():
+            for (slot,) in c.execute(
+                "select slot_name from pg_replication_slots where slot_name like %s", (f"%{suffix}",)
+            ).fetchall():
                 c.execute("select pg_drop_replication_slot(%s)", (slot,))
             c.execute(f"drop publication if exists changelake_{name}")
             c.execute(f"drop schema if exists {schema} cascade")

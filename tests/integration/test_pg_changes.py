@@ -108,3 +108,30 @@ def test_large_transaction_is_written_in_pages(spark: Any, warehouse: Any, make_
     ev = bronze_events(spark, warehouse, s.name)
     assert [e.commit_index for e in ev] == list(range(1000))
     assert cap.progress.batches >= 7  # 1000 events in pages of 150, plus the drain marker
+
+
+def test_idle_source_gets_heartbeats_and_its_position_moves(spark: Any, warehouse: Any, make_source: Any) -> None:
+    """An idle slot keeps moving: heartbeats are committed and the writer reports what it observed."""
+    import time
+
+    from ingest.bronze.writer import BronzeWriter
+    from ingest.config import BatchConfig
+    from ingest.progress import Progress
+    from ingest.sources.postgres.capture import PostgresCapture
+
+    s = make_source(ITEMS, ["items"])
+    src = s.config(heartbeat_seconds=1.0)
+    prepare(src)
+    s.execute("insert into items values (1, 'a', null)")
+    writer = BronzeWriter(spark, warehouse)
+    cap = PostgresCapture(src, BatchConfig(max_events=1000, max_seconds=0.5), writer, Progress(s.name, enabled=False))
+    deadline = time.monotonic() + 15
+    cap.run(once=False, should_stop=lambda: time.monotonic() > deadline)
+    beats = [
+        e
+        for e in bronze_events(spark, warehouse, s.name, with_messages=True)
+        if e.message_prefix == "changelake.heartbeat"
+    ]
+    assert len(beats) >= 3
+    pos = [p for p, _ in writer.positions(s.name) if p.writer_id == "stream"]
+    assert pos and pos[0].durable_lsn >= max(b.commit_lsn for b in beats[:-1])
