@@ -118,8 +118,10 @@ truncates as (
 
 ),
 
+{% if is_incremental() %}
 truncated_tables as (
 
+    -- Only an incremental run has stored keys to tombstone.
     select distinct
         source,
         table_schema,
@@ -127,6 +129,7 @@ truncated_tables as (
     from truncates
 
 ),
+{% endif %}
 
 keyed_changes as (
 
