@@ -25,13 +25,16 @@ from tests.conftest import ROOT, bronze_events, prepare
 pytestmark = [pytest.mark.integration, pytest.mark.crash]
 
 SEED = int(os.environ.get("CHANGELAKE_TEST_SEED", random.randrange(1 << 30)))
+# Each point is reached at least twice per round whatever the batch boundaries (every round
+# commits several batches, and its large transaction is written in pages).
 FAULT_POINTS = [
     "before_events_commit:1",
+    "before_events_commit:2",
     "after_events_commit:1",
-    "after_events_commit:2",
     "after_position_commit:1",
     "after_position_commit:2",
     "after_ack:1",
+    "after_ack:2",
     "mid_transaction_flush:1",
     "mid_transaction_flush:2",
 ]
@@ -148,3 +151,15 @@ def test_sigkill_anywhere_loses_and_duplicates_nothing(spark: Any, tmp_path: Pat
     assert len(expected) > 300
     missing = len([x for x in expected if x not in got])
     assert got == expected, f"seed {SEED}: {len(got)} bronze events vs {len(expected)} committed; {missing} missing"
+
+    # `status` reports the slot's confirmed position, lag, wal_status and the safe bound.
+    out = subprocess.run(
+        [sys.executable, "-m", "ingest", "-c", str(cfg), "status"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"source {s.name}" in out.stdout and re.search(r"wal_status (reserved|extended)", out.stdout)
+    assert "writer stream (stream): durable" in out.stdout and "safe bound:" in out.stdout
