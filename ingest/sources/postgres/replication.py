@@ -17,6 +17,7 @@ from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ingest.errors import SlotInvalidatedError, SourceError
+from ingest.sources.postgres.pgoutput import PG_EPOCH_OFFSET_US
 
 MSG_XLOGDATA = ord("w")
 MSG_KEEPALIVE = ord("k")
@@ -24,7 +25,6 @@ MSG_STANDBY_STATUS = b"r"
 XLOGDATA_HEADER = struct.Struct("!QQQ")  # wal_start, wal_end, send_time
 KEEPALIVE = struct.Struct("!QQB")  # wal_end, send_time, reply_requested
 STANDBY_STATUS = struct.Struct("!cQQQQB")  # 'r', written, flushed, applied, client_time, reply
-PG_EPOCH_OFFSET_US = 946_684_800_000_000  # 2000-01-01 - 1970-01-01 in microseconds
 PROTO_VERSION = "1"
 
 # Output functions in the walsender run with these settings, so `record` values are deterministic.
