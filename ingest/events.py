@@ -106,6 +106,38 @@ class WriterPosition:
     resume_token: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class SnapshotRow:
+    """One record read by a snapshot page: its key and row as JSON, and its key as source text."""
+
+    record_pk: str
+    record: str
+    key_text: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotPage:
+    """One keyset page of a table snapshot, as bronze.snapshot_pages stores it (DESIGN §5).
+
+    Postgres pages carry the MVCC snapshot they were read under (64-bit xids) and the LSN of the
+    high watermark committed after the read; a MongoDB page carries its `atClusterTime` packed as
+    a position in `high_watermark_lsn` and no xids. A page with no rows (an empty table, or the end
+    of one) is still written, as one marker row, so every page and the snapshot's end are durable.
+    """
+
+    snapshot_id: str
+    table_schema: str
+    table_name: str
+    page_number: int
+    last_page: bool
+    rows: tuple[SnapshotRow, ...]
+    high_watermark_lsn: int
+    read_at_us: int
+    xmin: int | None = None
+    xmax: int | None = None
+    xip: tuple[int, ...] | None = None
+
+
 def lsn_to_int(text: str) -> int:
     """Parse a Postgres LSN `'16/B374D848'` to its 64-bit integer."""
     hi, _, lo = text.partition("/")

@@ -3,8 +3,7 @@
         The bronze contract (docs/bronze.md) as DDL: table name -> (column list, partition columns, table properties).
         Must match ingest/bronze/schemas.py, which skips creating a table dbt already created.
         Used only to create an empty table at a bronze path that ingest has not written yet, so that
-        sources always exist. snapshot_pages has no documented schema yet (DESIGN §5 issue), so it is
-        registered when ingest has written it and never created here.
+        sources always exist.
     -#}
     {{ return({
         'wal_events': {
@@ -67,6 +66,34 @@
                 'ingested_at timestamp',
             ],
             'partition_by': ['source'],
+        },
+        'snapshot_pages': {
+            'columns': [
+                'source string',
+                'source_kind string',
+                'snapshot_id string',
+                'table_schema string',
+                'table_name string',
+                'page_number bigint',
+                'row_index int',
+                'last_page boolean',
+                'record_pk string',
+                'record string',
+                'key_text array<string>',
+                'snapshot_xmin bigint',
+                'snapshot_xmax bigint',
+                'snapshot_xip array<bigint>',
+                'high_watermark_lsn bigint',
+                'read_at timestamp',
+                'writer_id string',
+                'ingested_at timestamp',
+            ],
+            'partition_by': ['source'],
+            'properties': {
+                'delta.appendOnly': 'true',
+                'delta.dataSkippingStatsColumns':
+                    'snapshot_id,table_schema,table_name,page_number,high_watermark_lsn',
+            },
         },
     }) }}
 {% endmacro %}

@@ -49,6 +49,29 @@ STREAM_POSITIONS = pa.schema(
     ]
 )
 
+SNAPSHOT_PAGES = pa.schema(
+    [
+        ("source", pa.string()),
+        ("source_kind", pa.string()),
+        ("snapshot_id", pa.string()),
+        ("table_schema", pa.string()),
+        ("table_name", pa.string()),
+        ("page_number", pa.int64()),
+        ("row_index", pa.int32()),
+        ("last_page", pa.bool_()),
+        ("record_pk", pa.string()),
+        ("record", pa.string()),
+        ("key_text", pa.list_(pa.string())),
+        ("snapshot_xmin", pa.int64()),
+        ("snapshot_xmax", pa.int64()),
+        ("snapshot_xip", pa.list_(pa.int64())),
+        ("high_watermark_lsn", pa.int64()),
+        ("read_at", TS),
+        ("writer_id", pa.string()),
+        ("ingested_at", TS),
+    ]
+)
+
 COLUMN_STRUCT = pa.struct(
     [
         ("name", pa.string()),
@@ -100,4 +123,13 @@ WAL_EVENTS_TABLE = BronzeTable(
 )
 STREAM_POSITIONS_TABLE = BronzeTable("stream_positions", STREAM_POSITIONS, ("source", "writer_id"))
 SOURCE_RELATIONS_TABLE = BronzeTable("source_relations", SOURCE_RELATIONS, ("source",))
-ALL_TABLES = (WAL_EVENTS_TABLE, STREAM_POSITIONS_TABLE, SOURCE_RELATIONS_TABLE)
+SNAPSHOT_PAGES_TABLE = BronzeTable(
+    "snapshot_pages",
+    SNAPSHOT_PAGES,
+    ("source",),
+    (
+        ("delta.appendOnly", "true"),
+        ("delta.dataSkippingStatsColumns", "snapshot_id,table_schema,table_name,page_number,high_watermark_lsn"),
+    ),
+)
+ALL_TABLES = (WAL_EVENTS_TABLE, STREAM_POSITIONS_TABLE, SOURCE_RELATIONS_TABLE, SNAPSHOT_PAGES_TABLE)

@@ -12,13 +12,14 @@ import pyarrow as pa
 
 from ingest.bronze.schemas import (
     ALL_TABLES,
+    SNAPSHOT_PAGES_TABLE,
     SOURCE_RELATIONS_TABLE,
     STREAM_POSITIONS_TABLE,
     WAL_EVENTS_TABLE,
     BronzeTable,
 )
 from ingest.errors import BronzeWriteError
-from ingest.events import ChangeEvent, RelationShape, WriterKind, WriterPosition
+from ingest.events import ChangeEvent, RelationShape, SnapshotPage, WriterKind, WriterPosition
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -181,24 +182,94 @@ class BronzeWriter:
 
     def raise_position(self, pos: WriterPosition, started_at: datetime) -> None:
         """Replace this writer's row (its own partition) with `pos`; callers never lower it."""
-        row = {
-            "source": pos.source,
-            "writer_id": pos.writer_id,
-            "writer_kind": pos.writer_kind.value,
-            "durable_lsn": pos.durable_lsn,
-            "ack_lsn": pos.ack_lsn,
-            "resume_token": pos.resume_token,
-            "started_at": started_at,
-            "updated_at": _now(),
-        }
-        df = self.spark.createDataFrame(pa.Table.from_pylist([row], STREAM_POSITIONS_TABLE.schema))
-        cond = f"source = '{_sql_str(pos.source)}' AND writer_id = '{_sql_str(pos.writer_id)}'"
+        self.raise_positions([(pos, started_at)])
+
+    def raise_positions(self, rows: Sequence[tuple[WriterPosition, datetime]]) -> None:
+        """Replace the rows of these writers (all of one source) in one Delta commit."""
+        if not rows:
+            return
+        source = rows[0][0].source
+        if any(p.source != source for p, _ in rows):
+            raise ValueError("raise_positions takes the writers of one source")
+        now = _now()
+        data = [
+            {
+                "source": pos.source,
+                "writer_id": pos.writer_id,
+                "writer_kind": pos.writer_kind.value,
+                "durable_lsn": pos.durable_lsn,
+                "ack_lsn": pos.ack_lsn,
+                "resume_token": pos.resume_token,
+                "started_at": started_at,
+                "updated_at": now,
+            }
+            for pos, started_at in rows
+        ]
+        df = self.spark.createDataFrame(pa.Table.from_pylist(data, STREAM_POSITIONS_TABLE.schema))
+        ids = ", ".join(f"'{_sql_str(p.writer_id)}'" for p, _ in rows)
+        cond = f"source = '{_sql_str(source)}' AND writer_id IN ({ids})"
         try:
             df.write.format("delta").mode("overwrite").option("replaceWhere", cond).save(
                 self.path(STREAM_POSITIONS_TABLE)
             )
         except Exception as e:
-            raise BronzeWriteError(f"raising position of {pos.source}/{pos.writer_id} failed: {e}") from e
+            names = ", ".join(p.writer_id for p, _ in rows)
+            raise BronzeWriteError(f"raising positions of {source}/{names} failed: {e}") from e
+
+    def append_page(self, source: str, source_kind: str, writer_id: str, page: SnapshotPage) -> None:
+        """Commit one snapshot page as one Delta transaction; a retried page is a no-op."""
+        ingested = _now()
+        read_at = datetime.fromtimestamp(page.read_at_us / 1_000_000, UTC)
+        rows = page.rows or (None,)
+        data = [
+            {
+                "source": source,
+                "source_kind": source_kind,
+                "snapshot_id": page.snapshot_id,
+                "table_schema": page.table_schema,
+                "table_name": page.table_name,
+                "page_number": page.page_number,
+                "row_index": i if r is not None else -1,
+                "last_page": page.last_page,
+                "record_pk": r.record_pk if r is not None else None,
+                "record": r.record if r is not None else None,
+                "key_text": list(r.key_text) if r is not None else None,
+                "snapshot_xmin": page.xmin,
+                "snapshot_xmax": page.xmax,
+                "snapshot_xip": list(page.xip) if page.xip is not None else None,
+                "high_watermark_lsn": page.high_watermark_lsn,
+                "read_at": read_at,
+                "writer_id": writer_id,
+                "ingested_at": ingested,
+            }
+            for i, r in enumerate(rows)
+        ]
+        table = pa.Table.from_pylist(data, SNAPSHOT_PAGES_TABLE.schema)
+        self._append(SNAPSHOT_PAGES_TABLE, table, f"{source}/{writer_id}", page.page_number)
+
+    def completed_snapshots(self, source: str) -> dict[str, int]:
+        """`schema.table` -> high watermark of its latest completed snapshot (its last page)."""
+        from pyspark.sql import functions as F
+
+        df = self.spark.read.format("delta").load(self.path(SNAPSHOT_PAGES_TABLE))
+        df = df.where((df.source == source) & df.last_page)
+        rows = df.groupBy("table_schema", "table_name").agg(F.max("high_watermark_lsn").alias("hw")).collect()
+        return {f"{r.table_schema}.{r.table_name}": int(r.hw) for r in rows}
+
+    def last_durable_page(self, source: str, snapshot_id: str) -> tuple[int, tuple[str, ...] | None, int] | None:
+        """The last committed page of a snapshot: (page number, key of its last row, rows so far)."""
+        from pyspark.sql import functions as F
+
+        df = self.spark.read.format("delta").load(self.path(SNAPSHOT_PAGES_TABLE))
+        df = df.where((df.source == source) & (df.snapshot_id == snapshot_id))
+        agg = df.agg(
+            F.max(F.struct("page_number", "row_index", "key_text")).alias("last"),
+            F.count(F.col("record_pk")).alias("n"),
+        ).collect()[0]
+        if agg.last is None:
+            return None
+        key = tuple(agg.last.key_text) if agg.last.key_text is not None else None
+        return (int(agg.last.page_number), key, int(agg.n))
 
     def remove_writer(self, source: str, writer_id: str) -> None:
         """Delete a retired writer's row so it no longer holds back the safe bound."""
