@@ -36,6 +36,13 @@ class BatchConfig(_Strict):
     max_seconds: Annotated[float, Field(gt=0)] = 5.0
 
 
+class SnapshotSettings(_Strict):
+    """Table snapshots of a source (DESIGN §5): taken beside the stream, in keyset pages."""
+
+    initial: bool = True  # snapshot every configured table that never completed a snapshot
+    page_rows: Annotated[int, Field(gt=0, le=1_000_000)] = 10_000
+
+
 class PostgresSource(_Strict):
     """A Postgres source: a pgoutput slot over a publication of the listed tables."""
 
@@ -47,6 +54,7 @@ class PostgresSource(_Strict):
     publication: str | None = None
     create_publication: bool = True
     heartbeat_seconds: Annotated[float, Field(gt=0)] = 30.0
+    snapshot: SnapshotSettings = Field(default_factory=SnapshotSettings)
 
     @field_validator("name")
     @classmethod

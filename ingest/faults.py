@@ -16,6 +16,8 @@ POINTS = (
     "after_position_commit",
     "after_ack",
     "mid_transaction_flush",
+    "snapshot_after_page_commit",
+    "snapshot_after_retire",
 )
 
 _spec = os.environ.get("CHANGELAKE_CRASH_AT", "")

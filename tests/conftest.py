@@ -93,8 +93,13 @@ def warehouse(tmp_path: Path) -> Path:
     return tmp_path / "warehouse"
 
 
-def capture_once(spark: Any, warehouse: Path, src: Any, max_events: int = 200_000) -> Any:
-    """Run the stream writer in this process with `--once` semantics; returns the capture."""
+def capture_once(
+    spark: Any, warehouse: Path, src: Any, max_events: int = 200_000, snapshots: bool = False, **kw: Any
+) -> Any:
+    """Run the stream writer in this process with `--once` semantics; returns the capture.
+
+    Snapshots are off unless asked for: most tests look at the stream alone.
+    """
     from ingest.bronze.writer import BronzeWriter
     from ingest.config import BatchConfig
     from ingest.progress import Progress
@@ -105,6 +110,8 @@ def capture_once(spark: Any, warehouse: Path, src: Any, max_events: int = 200_00
         BatchConfig(max_events=max_events, max_seconds=5),
         BronzeWriter(spark, warehouse),
         Progress(src.name, enabled=False),
+        snapshots=snapshots,
+        **kw,
     )
     cap.run(once=True, should_stop=lambda: False)
     return cap

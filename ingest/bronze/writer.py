@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,16 @@ def txn_version(commit_lsn: int, commit_index: int) -> int | None:
     if commit_lsn >= TXN_MAX_LSN or commit_index >= (1 << TXN_INDEX_BITS):
         return None
     return (commit_lsn << TXN_INDEX_BITS) | commit_index
+
+
+@dataclass(frozen=True, slots=True)
+class DurablePage:
+    """The last page of a snapshot committed to bronze: a resumed snapshot starts after it."""
+
+    page_number: int
+    after_key: tuple[str, ...] | None  # key_text of its last row (None: no row read yet)
+    rows: int  # rows committed by the snapshot so far
+    complete: bool  # its last page is committed
 
 
 def _now() -> datetime:
@@ -256,8 +267,8 @@ class BronzeWriter:
         rows = df.groupBy("table_schema", "table_name").agg(F.max("high_watermark_lsn").alias("hw")).collect()
         return {f"{r.table_schema}.{r.table_name}": int(r.hw) for r in rows}
 
-    def last_durable_page(self, source: str, snapshot_id: str) -> tuple[int, tuple[str, ...] | None, int] | None:
-        """The last committed page of a snapshot: (page number, key of its last row, rows so far)."""
+    def last_durable_page(self, source: str, snapshot_id: str) -> DurablePage | None:
+        """Where a snapshot stands in bronze: its last committed page, cursor, rows and completion."""
         from pyspark.sql import functions as F
 
         df = self.spark.read.format("delta").load(self.path(SNAPSHOT_PAGES_TABLE))
@@ -265,11 +276,12 @@ class BronzeWriter:
         agg = df.agg(
             F.max(F.struct("page_number", "row_index", "key_text")).alias("last"),
             F.count(F.col("record_pk")).alias("n"),
+            F.max(F.col("last_page").cast("int")).alias("done"),
         ).collect()[0]
         if agg.last is None:
             return None
         key = tuple(agg.last.key_text) if agg.last.key_text is not None else None
-        return (int(agg.last.page_number), key, int(agg.n))
+        return DurablePage(int(agg.last.page_number), key, int(agg.n), bool(agg.done))
 
     def remove_writer(self, source: str, writer_id: str) -> None:
         """Delete a retired writer's row so it no longer holds back the safe bound."""

@@ -124,7 +124,9 @@ def test_idle_source_gets_heartbeats_and_its_position_moves(spark: Any, warehous
     prepare(src)
     s.execute("insert into items values (1, 'a', null)")
     writer = BronzeWriter(spark, warehouse)
-    cap = PostgresCapture(src, BatchConfig(max_events=1000, max_seconds=0.5), writer, Progress(s.name, enabled=False))
+    cap = PostgresCapture(
+        src, BatchConfig(max_events=1000, max_seconds=0.5), writer, Progress(s.name, enabled=False), snapshots=False
+    )
     deadline = time.monotonic() + 15
     cap.run(once=False, should_stop=lambda: time.monotonic() > deadline)
     beats = [

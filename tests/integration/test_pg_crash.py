@@ -128,7 +128,15 @@ def test_sigkill_anywhere_loses_and_duplicates_nothing(spark: Any, tmp_path: Pat
                 "warehouse": str(warehouse),
                 "batch": {"max_events": 40, "max_seconds": 1},
                 "spark": {"conf": {"spark.driver.memory": "1g"}},
-                "sources": [{"kind": "postgres", "name": s.name, "dsn": s.dsn, "tables": s.tables}],
+                "sources": [
+                    {
+                        "kind": "postgres",
+                        "name": s.name,
+                        "dsn": s.dsn,
+                        "tables": s.tables,
+                        "snapshot": {"initial": False},  # the stream's crash points; snapshots: test_pg_snapshot
+                    }
+                ],
             }
         )
     )

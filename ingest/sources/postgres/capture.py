@@ -24,6 +24,7 @@ from ingest.sources.postgres.admin import DRAIN_PREFIX, HEARTBEAT_PREFIX, Postgr
 from ingest.sources.postgres.changes import ChangeBuilder, TxnEnd
 from ingest.sources.postgres.pgoutput import decode
 from ingest.sources.postgres.replication import Keepalive, ReplicationStream, XLogData
+from ingest.sources.postgres.snapshot import Hook, Snapshotter, SnapshotThread
 from ingest.sources.postgres.values import TYPE_CATALOG_SQL, Encoder, TypeCatalog
 
 log = logging.getLogger(__name__)
@@ -92,9 +93,20 @@ class PostgresCapture:
     source's current position for `--once`.
     """
 
-    def __init__(self, src: PostgresSource, batch: BatchConfig, writer: BronzeWriter, progress: Progress) -> None:
-        """Prepare to capture `src` into `writer`'s bronze tables."""
+    def __init__(
+        self,
+        src: PostgresSource,
+        batch: BatchConfig,
+        writer: BronzeWriter,
+        progress: Progress,
+        snapshots: bool = True,
+        snapshot_hook: Hook | None = None,
+        page_rows: int | None = None,
+    ) -> None:
+        """Prepare to capture `src` into `writer`'s bronze tables (and run its snapshots beside it)."""
         self.src = src
+        self.snapshots = snapshots
+        self.snapshotter = Snapshotter(src, writer, page_rows, snapshot_hook)
         self.batch = batch
         self.writer = writer
         self.progress = progress
@@ -144,12 +156,29 @@ class PostgresCapture:
                 self.progress,
             )
             stream = ReplicationStream(self.src.dsn, self.src.slot_name, self.src.publication_name)
+            snapshots: SnapshotThread | None = None
             try:
                 stream.open()
+                if self.snapshots:
+                    # Registered after the stream writer: each snapshot writer starts at the safe bound.
+                    self.snapshotter.load()
+                    if self.src.snapshot.initial:
+                        self.snapshotter.request_initial(lambda: admin.slot_health().current_wal_lsn)
+                    snapshots = SnapshotThread(self.snapshotter, should_stop, poll_requests=not once)
                 self._loop(
-                    admin, stream, committer, ChangeBuilder(PgCatalog(admin)), known, skip_upto, once, should_stop
+                    admin,
+                    stream,
+                    committer,
+                    ChangeBuilder(PgCatalog(admin)),
+                    known,
+                    skip_upto,
+                    once,
+                    should_stop,
+                    snapshots,
                 )
             finally:
+                if snapshots is not None:
+                    snapshots.stop()
                 committer.close()
                 stream.close()
                 self.durable_lsn, self.ack_lsn = committer.durable_lsn, committer.ack_lsn
@@ -166,10 +195,12 @@ class PostgresCapture:
         skip_upto: tuple[int, int] | None,
         once: bool,
         should_stop: Callable[[], bool],
+        snapshots: SnapshotThread | None = None,
     ) -> None:
+        # --once drains to a marker emitted once the snapshots are done, so that the stream passes
+        # every page's watermark before the run ends (a page is usable only below the safe bound).
         drain_token = uuid.uuid4().hex if once else None
-        if drain_token:
-            admin.emit_message(DRAIN_PREFIX, drain_token)
+        drain_emitted = False
         drained = False
         pending: list[ChangeEvent] = []
         end_lsns: dict[int, int] = {}  # commit LSN -> end LSN for the transactions in `pending`
@@ -196,6 +227,11 @@ class PostgresCapture:
 
         while not should_stop():
             now = time.monotonic()
+            if snapshots is not None:
+                snapshots.check()
+            if drain_token and not drain_emitted and (snapshots is None or snapshots.done):
+                admin.emit_message(DRAIN_PREFIX, drain_token)
+                drain_emitted = True
             msg = stream.read(READ_TIMEOUT_S)
             if isinstance(msg, XLogData):
                 last_activity = now

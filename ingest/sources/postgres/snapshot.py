@@ -1,0 +1,488 @@
+"""Snapshots Postgres tables in keyset pages while the stream runs (DESIGN §5).
+
+A page is read in its own REPEATABLE READ transaction whose MVCC snapshot (64-bit xmin, xmax,
+in-progress xids) is stored with the page; right after the read a transactional logical message
+(the high watermark) is committed, and its LSN is stored too. dbt places the page's rows against
+the stream with those two facts (docs/snapshots.md): an event for the same key that the snapshot
+could not see and that commits at or before the watermark supersedes the page row; every other
+event is ordered by position against the page row's `(high_watermark_lsn, row_index)`.
+
+Each table snapshot is a writer in bronze.stream_positions (`snapshot-<id>`). It is registered at
+the source's current safe bound, raised to each page's watermark after the page is committed to
+bronze, and removed when the snapshot completes. A crashed snapshot resumes after its last
+durable page; the page rows in bronze, not the writer row, say where that is.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from psycopg import pq, sql
+
+from ingest import faults
+from ingest.bronze.writer import BronzeWriter
+from ingest.config import PostgresSource
+from ingest.errors import SourceError
+from ingest.events import SnapshotPage, SnapshotRow, WriterKind, WriterPosition
+from ingest.sources.postgres.admin import PostgresAdmin, connect
+from ingest.sources.postgres.replication import safe_dsn, session_conninfo
+from ingest.sources.postgres.values import TYPE_CATALOG_SQL, Encoder, TypeCatalog, json_names
+
+log = logging.getLogger(__name__)
+
+WATERMARK_PREFIX = "changelake.watermark"
+WRITER_PREFIX = "snapshot-"
+REQUEST_POLL_S = 5.0
+
+# A test (or an operator's debugging session) may run statements at these moments of a page.
+HOOK_POINTS = ("before_read", "after_begin", "after_read")
+Hook = Callable[[str, "SnapshotTask", int], None]
+
+
+@dataclass(slots=True)
+class SnapshotTask:
+    """One table snapshot: its writer row's identity and progress (kept in `resume_token`)."""
+
+    table: str
+    snapshot_id: str
+    started_at: datetime
+    durable_lsn: int
+    pages: int = 0
+    rows: int = 0
+    estimated_rows: int | None = None
+    rows_per_s: float | None = None
+    after: tuple[str, ...] | None = None
+    extra: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def writer_id(self) -> str:
+        """The writer row of this snapshot in bronze.stream_positions."""
+        return WRITER_PREFIX + self.snapshot_id
+
+    def position(self, source: str) -> WriterPosition:
+        """The writer row as it stands."""
+        token = {
+            "table": self.table,
+            "snapshot_id": self.snapshot_id,
+            "pages": self.pages,
+            "rows": self.rows,
+            "estimated_rows": self.estimated_rows,
+            "rows_per_s": self.rows_per_s,
+        }
+        return WriterPosition(
+            source, self.writer_id, WriterKind.SNAPSHOT, self.durable_lsn, self.durable_lsn, json.dumps(token)
+        )
+
+    @classmethod
+    def from_position(cls, pos: WriterPosition, started_at: datetime) -> SnapshotTask:
+        """Rebuild a task from its writer row (after a restart, or a request by another process)."""
+        try:
+            token = json.loads(pos.resume_token or "")
+            table, snapshot_id = str(token["table"]), str(token["snapshot_id"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise SourceError(
+                f"snapshot writer {pos.source}/{pos.writer_id} has an unreadable resume_token ({e}); "
+                "delete its row from bronze.stream_positions and request the snapshot again"
+            ) from None
+        return cls(
+            table,
+            snapshot_id,
+            started_at,
+            pos.durable_lsn,
+            int(token.get("pages") or 0),
+            int(token.get("rows") or 0),
+            token.get("estimated_rows"),
+            token.get("rows_per_s"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TableShape:
+    """What a page read needs of a table: its columns (pgoutput's order) and primary key."""
+
+    schema: str
+    name: str
+    columns: tuple[str, ...]
+    type_oids: tuple[int, ...]
+    key_positions: tuple[int, ...]
+    key_types: tuple[str, ...]  # format_type() with modifier, for the keyset cursor's casts
+
+
+def table_shape(admin: PostgresAdmin, table: str) -> TableShape:
+    """Columns as pgoutput sends them (not dropped, not generated, by attnum) and the primary key."""
+    schema, name = table.split(".", 1)
+    with admin.conn.cursor() as cur:
+        cur.execute(
+            "select a.attname, a.atttypid::bigint, format_type(a.atttypid, a.atttypmod) "
+            "from pg_attribute a join pg_class c on c.oid = a.attrelid join pg_namespace n on n.oid = c.relnamespace "
+            "where n.nspname = %s and c.relname = %s and a.attnum > 0 and not a.attisdropped "
+            "and a.attgenerated = '' order by a.attnum",
+            (schema, name),
+        )
+        cols = cur.fetchall()
+        cur.execute("select %s::regclass::oid::bigint", (sql.Identifier(schema, name).as_string(admin.conn),))
+        row = cur.fetchone()
+    if not cols or row is None:
+        raise SourceError(f"source {admin.src.name!r}: table {table} does not exist")
+    pk = admin.primary_key(int(str(row[0])))
+    names = tuple(str(c[0]) for c in cols)
+    if not pk:
+        raise SourceError(
+            f"source {admin.src.name!r}: table {table} has no primary key; a snapshot pages by primary key "
+            "(add one, or leave the table out of the snapshot)"
+        )
+    pos = tuple(names.index(k) for k in pk)
+    oids = tuple(int(str(c[1])) for c in cols)
+    return TableShape(schema, name, names, oids, pos, tuple(str(cols[i][2]) for i in pos))
+
+
+@dataclass(frozen=True, slots=True)
+class PageRead:
+    """The outcome of one page read, before it is written to bronze."""
+
+    rows: list[SnapshotRow]
+    xmin: int
+    xmax: int
+    xip: tuple[int, ...]
+    read_at_us: int
+
+
+class PageReader:
+    """Owns the snapshot connection of one source: reads keyset pages and commits watermarks."""
+
+    def __init__(self, src: PostgresSource, hook: Hook | None = None) -> None:
+        """Open a plain (non-replication) connection with the stream's value output settings."""
+        self.src = src
+        self.hook = hook
+        conn = pq.PGconn.connect(session_conninfo(src.dsn).encode())
+        if conn.status != pq.ConnStatus.OK:
+            msg = conn.get_error_message().strip()
+            conn.finish()
+            raise SourceError(f"source {src.name!r}: snapshot connection to {safe_dsn(src.dsn)} failed: {msg}")
+        self.conn = conn
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.conn.finish()
+
+    def _exec(self, query: bytes, params: Sequence[bytes | None] = ()) -> pq.abc.PGresult:
+        res = self.conn.exec_params(query, list(params)) if params else self.conn.exec_(query)
+        if res.status not in (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK):
+            raw = res.error_message or self.conn.get_error_message()
+            msg = (raw.decode(errors="replace") if isinstance(raw, bytes) else raw).strip()
+            if self.conn.transaction_status != pq.TransactionStatus.IDLE:
+                self.conn.exec_(b"ROLLBACK")
+            raise SourceError(f"source {self.src.name!r}: snapshot query failed: {msg}")
+        return res
+
+    def _hook(self, point: str, task: SnapshotTask, page: int) -> None:
+        if self.hook is not None:
+            self.hook(point, task, page)
+
+    def read_page(
+        self, shape: TableShape, encoders: Sequence[Encoder], task: SnapshotTask, page: int, limit: int
+    ) -> PageRead:
+        """Read up to `limit` rows after `task.after` in key order, in one REPEATABLE READ transaction."""
+        ident = sql.Identifier(shape.schema, shape.name)
+        cols = sql.SQL(", ").join(sql.Identifier(c) for c in shape.columns)
+        keys = sql.SQL(", ").join(sql.Identifier(shape.columns[i]) for i in shape.key_positions)
+        params: list[bytes | None] = []
+        where: sql.Composable = sql.SQL("")
+        if task.after is not None:
+            casts = sql.SQL(", ").join(sql.SQL("{}::{}").format(sql.Placeholder(), sql.SQL(t)) for t in shape.key_types)
+            where = sql.SQL(" where ({}) > ({})").format(keys, casts)
+            params = [k.encode() for k in task.after]
+        query = sql.SQL("select {} from only {}{} order by {} limit {}").format(
+            cols, ident, where, keys, sql.Literal(limit)
+        )
+        # psycopg's placeholders are %s; the libpq protocol's are $n.
+        text = query.as_string(None)
+        for n in range(1, len(params) + 1):
+            text = text.replace("%s", f"${n}", 1)
+        self._hook("before_read", task, page)
+        self._exec(b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        self._hook("after_begin", task, page)
+        # The first statement takes the transaction's snapshot: the page reads under exactly it.
+        snap = self._exec(
+            b"select pg_snapshot_xmin(s)::text, pg_snapshot_xmax(s)::text, "
+            b"array_to_string(array(select pg_snapshot_xip(s)), ',') from pg_current_snapshot() s"
+        )
+        xmin, xmax = int(snap.get_value(0, 0) or b"0"), int(snap.get_value(0, 1) or b"0")
+        xip_text = (snap.get_value(0, 2) or b"").decode()
+        xip = tuple(int(x) for x in xip_text.split(",") if x)
+        read_at_us = int(time.time() * 1_000_000)
+        res = self._exec(text.encode(), params)
+        self._exec(b"COMMIT")
+        names_json = json_names(shape.columns)
+        rows = []
+        for r in range(res.ntuples):
+            parts = []
+            for c, key in enumerate(names_json):
+                v = res.get_value(r, c)
+                parts.append(key + ":" + ("null" if v is None else encoders[c](bytes(v))))
+            pk = ",".join(parts[i] for i in shape.key_positions)
+            key_text = tuple(bytes(res.get_value(r, i) or b"").decode() for i in shape.key_positions)
+            rows.append(SnapshotRow("{" + pk + "}", "{" + ",".join(parts) + "}", key_text))
+        self._hook("after_read", task, page)
+        return PageRead(rows, xmin, xmax, xip, read_at_us)
+
+    def watermark(self, task: SnapshotTask, page: int) -> int:
+        """Commit the page's high watermark (a transactional logical message); returns its LSN."""
+        content = f"{task.table}:{task.snapshot_id}:{page}".encode()
+        res = self._exec(b"select pg_logical_emit_message(true, $1, $2)::text", [WATERMARK_PREFIX.encode(), content])
+        from ingest.events import lsn_to_int
+
+        return lsn_to_int((res.get_value(0, 0) or b"").decode())
+
+    def current_lsn(self) -> int:
+        """The server's current WAL insert position (no later watermark can be at or below it)."""
+        from ingest.events import lsn_to_int
+
+        res = self._exec(b"select pg_current_wal_insert_lsn()::text")
+        return lsn_to_int((res.get_value(0, 0) or b"").decode())
+
+
+class Snapshotter:
+    """Owns the snapshots of one Postgres source.
+
+    Responsibilities: register snapshot writers (initial snapshots of configured tables that never
+    completed one, and on-demand requests), run them one at a time in keyset pages beside the
+    stream, commit each page and then raise the writers' positions, resume after a crash from the
+    last durable page, retire each writer when its table is done, and report progress.
+    """
+
+    def __init__(
+        self,
+        src: PostgresSource,
+        writer: BronzeWriter,
+        page_rows: int | None = None,
+        hook: Hook | None = None,
+    ) -> None:
+        """Snapshot `src` into `writer`'s bronze; `page_rows` overrides the configured page size."""
+        self.src = src
+        self.writer = writer
+        self.page_rows = page_rows or src.snapshot.page_rows
+        self.hook = hook
+        self.tasks: list[SnapshotTask] = []
+        self.completed: list[SnapshotTask] = []
+
+    # -- registration ----------------------------------------------------------------------
+    def load(self) -> list[SnapshotTask]:
+        """Pick up the source's snapshot writers from bronze (unfinished or requested ones)."""
+        known = {t.writer_id for t in self.tasks}
+        for pos, _updated in self.writer.positions(self.src.name):
+            if pos.writer_kind is WriterKind.SNAPSHOT and pos.writer_id not in known:
+                self.tasks.append(SnapshotTask.from_position(pos, datetime.now(UTC)))
+        return self.tasks
+
+    def _start_lsn(self, current_lsn: Callable[[], int]) -> int:
+        rows = self.writer.positions(self.src.name)
+        if rows:
+            return min(p.durable_lsn for p, _ in rows)  # DESIGN §4: a new writer starts at the safe bound
+        return current_lsn()
+
+    def request(self, tables: Sequence[str], current_lsn: Callable[[], int]) -> list[SnapshotTask]:
+        """Register one snapshot writer per table (one Delta commit); they run in request order."""
+        if not tables:
+            return []
+        start = self._start_lsn(current_lsn)
+        now = datetime.now(UTC)
+        new = [SnapshotTask(t, uuid.uuid4().hex, now, start) for t in tables]
+        self.writer.raise_positions([(t.position(self.src.name), t.started_at) for t in new])
+        self.tasks.extend(new)
+        for t in new:
+            log.info("snapshot requested source=%s table=%s snapshot_id=%s", self.src.name, t.table, t.snapshot_id)
+        return new
+
+    def request_initial(self, current_lsn: Callable[[], int]) -> list[SnapshotTask]:
+        """Request a snapshot of every configured table that never completed one and has none running."""
+        done = self.writer.completed_snapshots(self.src.name)
+        running = {t.table for t in self.load()}
+        return self.request([t for t in self.src.tables if t not in done and t not in running], current_lsn)
+
+    # -- running ---------------------------------------------------------------------------
+    def run(self, should_stop: Callable[[], bool], poll_requests: bool = False) -> None:
+        """Run the registered snapshots to completion (and, with `poll_requests`, new ones as they come)."""
+        reader = PageReader(self.src, self.hook)
+        admin = PostgresAdmin(self.src)
+        try:
+            types = TypeCatalog.from_rows(admin.type_catalog_rows(TYPE_CATALOG_SQL))
+            last_poll = time.monotonic()
+            while not should_stop():
+                if not self.tasks:
+                    if not poll_requests:
+                        return
+                    if time.monotonic() - last_poll >= REQUEST_POLL_S:
+                        self.load()
+                        last_poll = time.monotonic()
+                    else:
+                        time.sleep(0.2)
+                    continue
+                task = self.tasks[0]
+                if self._run_task(task, reader, admin, types, should_stop):
+                    self.tasks.pop(0)
+                    self.completed.append(task)
+        finally:
+            reader.close()
+            admin.close()
+
+    def _run_task(
+        self,
+        task: SnapshotTask,
+        reader: PageReader,
+        admin: PostgresAdmin,
+        types: TypeCatalog,
+        should_stop: Callable[[], bool],
+    ) -> bool:
+        shape = table_shape(admin, task.table)
+        encoders = [types.column_encoder(oid) for oid in shape.type_oids]
+        last = self.writer.last_durable_page(self.src.name, task.snapshot_id)
+        page = 0
+        if last is not None:
+            page, task.rows, task.pages = last.page_number + 1, last.rows, last.page_number + 1
+            task.after = last.after_key if last.after_key is not None else task.after
+            if last.complete:  # crashed after its last page, before retiring
+                self._retire(task)
+                return True
+            log.info("snapshot resumed source=%s table=%s page=%d rows=%d", self.src.name, task.table, page, task.rows)
+        if task.estimated_rows is None:
+            task.estimated_rows = self._estimate(admin, task.table)
+        t0, rows0 = time.monotonic(), task.rows
+        while not should_stop():
+            read = reader.read_page(shape, encoders, task, page, self.page_rows)
+            is_last = len(read.rows) < self.page_rows
+            hw = reader.watermark(task, page)
+            self.writer.append_page(
+                self.src.name,
+                "postgres",
+                task.writer_id,
+                SnapshotPage(
+                    task.snapshot_id,
+                    shape.schema,
+                    shape.name,
+                    page,
+                    is_last,
+                    tuple(read.rows),
+                    hw,
+                    read.read_at_us,
+                    read.xmin,
+                    read.xmax,
+                    read.xip,
+                ),
+            )
+            faults.hit("snapshot_after_page_commit")
+            task.pages, task.rows = page + 1, task.rows + len(read.rows)
+            if read.rows:
+                task.after = read.rows[-1].key_text
+            elapsed = time.monotonic() - t0
+            task.rows_per_s = (task.rows - rows0) / elapsed if elapsed > 0 else None
+            self._raise_all(hw)
+            log.info(
+                "snapshot page source=%s table=%s page=%d rows=%d total_rows=%d estimated_rows=%s rate_per_s=%.0f",
+                self.src.name,
+                task.table,
+                page,
+                len(read.rows),
+                task.rows,
+                task.estimated_rows,
+                task.rows_per_s or 0,
+            )
+            if is_last:
+                self._retire(task)
+                return True
+            page += 1
+        return False
+
+    def _estimate(self, admin: PostgresAdmin, table: str) -> int | None:
+        with admin.conn.cursor() as cur:
+            cur.execute("select reltuples::bigint from pg_class where oid = %s::regclass", (table,))
+            row = cur.fetchone()
+        n = int(str(row[0])) if row is not None and row[0] is not None else -1
+        return n if n >= 0 else None
+
+    def _raise_all(self, hw: int) -> None:
+        """Every snapshot writer of this source is at or past `hw`: its next page's watermark is later."""
+        for t in self.tasks:
+            t.durable_lsn = max(t.durable_lsn, hw)
+        self.writer.raise_positions([(t.position(self.src.name), t.started_at) for t in self.tasks])
+
+    def _retire(self, task: SnapshotTask) -> None:
+        self.writer.remove_writer(self.src.name, task.writer_id)
+        faults.hit("snapshot_after_retire")
+        log.info(
+            "snapshot completed source=%s table=%s snapshot_id=%s pages=%d rows=%d",
+            self.src.name,
+            task.table,
+            task.snapshot_id,
+            task.pages,
+            task.rows,
+        )
+
+
+class SnapshotThread:
+    """Runs a Snapshotter beside the stream; its failure surfaces in the stream's loop via check()."""
+
+    def __init__(self, snapshotter: Snapshotter, should_stop: Callable[[], bool], poll_requests: bool) -> None:
+        """Start the thread."""
+        self.snapshotter = snapshotter
+        self._stop = should_stop
+        self._halt = False
+        self.error: BaseException | None = None
+        self.finished = threading.Event()
+        self._thread = threading.Thread(
+            target=self._work, args=(poll_requests,), name=f"snapshot-{snapshotter.src.name}", daemon=True
+        )
+        self._thread.start()
+
+    def _work(self, poll_requests: bool) -> None:
+        try:
+            self.snapshotter.run(lambda: self._halt or self._stop(), poll_requests)
+        except BaseException as e:  # re-raised in the stream's thread by check()
+            log.error("snapshot failed source=%s error=%s", self.snapshotter.src.name, e)
+            self.error = e
+        finally:
+            self.finished.set()
+
+    def check(self) -> None:
+        """Raise the snapshot's failure, if any."""
+        if self.error is not None:
+            raise self.error
+
+    @property
+    def done(self) -> bool:
+        """Whether every snapshot finished (the thread ended without failure)."""
+        return self.finished.is_set() and self.error is None
+
+    def stop(self) -> None:
+        """Stop after the current page and wait; an unfinished snapshot resumes next run."""
+        self._halt = True
+        self._thread.join()
+
+
+def request_snapshot(src: PostgresSource, writer: BronzeWriter, table: str) -> SnapshotTask:
+    """Register an on-demand snapshot of `table`; a running (or the next) `run` performs it."""
+    if table not in src.tables:
+        raise SourceError(f"source {src.name!r} does not capture {table}; configured tables: {', '.join(src.tables)}")
+    conn = connect(src)
+    try:
+
+        def current_lsn() -> int:
+            from ingest.events import lsn_to_int
+
+            with conn.cursor() as cur:
+                cur.execute("select pg_current_wal_insert_lsn()::text")
+                row = cur.fetchone()
+            assert row is not None
+            return lsn_to_int(str(row[0]))
+
+        writer.ensure_tables()
+        return Snapshotter(src, writer).request([table], current_lsn)[0]
+    finally:
+        conn.close()
