@@ -7,6 +7,8 @@
         origin, updated_at>. Rules (DESIGN §6):
         - a change at or below the state's position is already reflected: skipped (an older event
           never overwrites a newer one);
+        - snapshot (a surviving snapshot page row, DESIGN §5): the row is present with the page's
+          record, origin 'snapshot', no seq;
         - upsert (insert/update, and the new key of a primary-key change): the row is present with
           the change's record; columns listed in unchanged_toast carry their value forward from
           the live previous state; if the previous state has no value for one of them the column
@@ -30,6 +32,19 @@
                     or (change.commit_lsn = state.commit_lsn and change.commit_index <= state.commit_index)
                 )
                 then state
+            when change.change_kind = 'snapshot'
+                then named_struct(
+                    'is_present', true,
+                    'record', change.record,
+                    'deleted', false,
+                    'deleted_at', cast(null as timestamp),
+                    'needs_reread', false,
+                    'commit_lsn', change.commit_lsn,
+                    'commit_index', change.commit_index,
+                    'seq', change.seq,
+                    'origin', 'snapshot',
+                    'updated_at', change.commit_timestamp
+                )
             when change.change_kind = 'upsert'
                 then named_struct(
                     'is_present', true,

@@ -9,14 +9,27 @@
 }}
 
 -- One row per source record: its state after the last event for its key in position order
--- (DESIGN §6). Each run folds the new events of every touched key, in position order, over the
--- key's current row; the result is merged with a position guard (macro guarded_merge_sql).
+-- (DESIGN §6), snapshot page rows included where DESIGN §5 places them. Each run folds the new
+-- events and the newly usable page rows of every touched key, in position order, over the key's
+-- current row; the result is merged with a position guard (macro guarded_merge_sql).
 
 with
 
 sequin_events as (
 
     select * from {{ ref('sequin_events') }}
+
+),
+
+safe_bounds as (
+
+    select * from {{ ref('safe_bounds') }}
+
+),
+
+snapshot_pages as (
+
+    select * from {{ source('bronze', 'snapshot_pages') }}
 
 ),
 
@@ -35,6 +48,18 @@ sequin_events as (
         select
             source,
             max(seq) as max_seq
+        from current_records
+        group by source
+
+    ),
+
+    placed_positions as (
+
+    -- A page whose watermark is at or below a stored position was under the safe bound of an
+    -- earlier run, so it was placed then. Pages above it are placed (again: idempotently) now.
+        select
+            source,
+            max(commit_lsn) as max_commit_lsn
         from current_records
         group by source
 
@@ -129,11 +154,153 @@ truncated_tables as (  -- noqa: ST03
 
 ),
 
+new_page_rows as (
+
+    -- Page rows become usable once the source's safe bound has passed their page's watermark
+    -- (DESIGN §5): by then every stream event that could supersede them is in sequin_events.
+    select snapshot_pages.*
+    from snapshot_pages
+    inner join safe_bounds
+        on snapshot_pages.source = safe_bounds.source
+    {% if is_incremental() %}
+        left join placed_positions
+            on snapshot_pages.source = placed_positions.source
+    {% endif %}
+    where
+        snapshot_pages.record_pk is not null
+        and snapshot_pages.high_watermark_lsn <= safe_bounds.safe_lsn
+        {% if is_incremental() %}
+            and (
+                placed_positions.source is null
+                or snapshot_pages.high_watermark_lsn > placed_positions.max_commit_lsn
+            )
+        {% endif %}
+
+),
+
+page_key_events as (
+
+    -- Row events touch their key; a primary-key change touches its old key too.
+    select
+        source,
+        table_schema,
+        table_name,
+        record_pk,
+        commit_lsn,
+        transaction_id
+    from sequin_events
+    where action in ('insert', 'update', 'delete')
+    union all
+    select
+        source,
+        table_schema,
+        table_name,
+        old_record_pk as record_pk,
+        commit_lsn,
+        transaction_id
+    from sequin_events
+    where action = 'update' and old_record_pk is not null and old_record_pk != record_pk
+
+),
+
+page_table_truncates as (
+
+    select
+        sequin_events.source,
+        sequin_events.commit_lsn,
+        sequin_events.transaction_id,
+        truncated.truncated_table
+    from sequin_events
+        lateral view explode(sequin_events.truncated_tables) truncated as truncated_table
+    where sequin_events.action = 'truncate'
+
+),
+
+superseded_page_rows as (
+
+    -- A page row is superseded by an event for its key (a truncate counts for every key of its
+    -- table) that commits at or before the page's watermark and that the page's MVCC snapshot
+    -- could not see. Events the snapshot saw are older than the page row; events after the
+    -- watermark are newer, which position order settles. MongoDB pages have no xids: every event
+    -- at or before their cluster time is older.
+    select distinct
+        new_page_rows.snapshot_id,
+        new_page_rows.page_number,
+        new_page_rows.row_index
+    from new_page_rows
+    inner join page_key_events
+        on
+            new_page_rows.source = page_key_events.source
+            and new_page_rows.table_schema = page_key_events.table_schema
+            and new_page_rows.table_name = page_key_events.table_name
+            and new_page_rows.record_pk = page_key_events.record_pk
+    where
+        page_key_events.commit_lsn <= new_page_rows.high_watermark_lsn
+        and new_page_rows.snapshot_xmax is not null
+        and not {{ pg_xid_visible(
+            'page_key_events.transaction_id',
+            'new_page_rows.snapshot_xmin',
+            'new_page_rows.snapshot_xmax',
+            'new_page_rows.snapshot_xip'
+        ) }}
+    union
+    select
+        new_page_rows.snapshot_id,
+        new_page_rows.page_number,
+        new_page_rows.row_index
+    from new_page_rows
+    inner join page_table_truncates
+        on
+            new_page_rows.source = page_table_truncates.source
+            and concat(new_page_rows.table_schema, '.', new_page_rows.table_name)
+            = page_table_truncates.truncated_table
+    where
+        page_table_truncates.commit_lsn <= new_page_rows.high_watermark_lsn
+        and new_page_rows.snapshot_xmax is not null
+        and not {{ pg_xid_visible(
+            'page_table_truncates.transaction_id',
+            'new_page_rows.snapshot_xmin',
+            'new_page_rows.snapshot_xmax',
+            'new_page_rows.snapshot_xip'
+        ) }}
+
+),
+
+page_changes as (
+
+    -- Surviving page rows take the position (high watermark, row index in page); a MongoDB page
+    -- row sits after every event at its cluster time.
+    select
+        new_page_rows.source,
+        new_page_rows.table_schema,
+        new_page_rows.table_name,
+        new_page_rows.record_pk,
+        'snapshot' as change_kind,
+        new_page_rows.high_watermark_lsn as commit_lsn,
+        case
+            when new_page_rows.snapshot_xmax is null then 2147483647 else new_page_rows.row_index
+        end as commit_index,
+        cast(null as bigint) as seq,
+        new_page_rows.read_at as commit_timestamp,
+        new_page_rows.record,
+        cast(null as string) as old_record,
+        cast(array() as array<string>) as unchanged_toast
+    from new_page_rows
+    left anti join superseded_page_rows
+        on
+            new_page_rows.snapshot_id = superseded_page_rows.snapshot_id
+            and new_page_rows.page_number = superseded_page_rows.page_number
+            and new_page_rows.row_index = superseded_page_rows.row_index
+
+),
+
 keyed_changes as (
 
     select * from row_changes
     union all
     select * from primary_key_changes
+    union all
+    select * from page_changes
 
 ),
 
@@ -187,10 +354,6 @@ truncate_changes as (
             and truncates.table_name = truncated_keys.table_name
 
 ),
-
--- Snapshot pages (DESIGN §5) join here: surviving page rows become 'upsert' changes with
--- origin 'snapshot' at (high_watermark_lsn, row index in page). Not implemented yet: reserved for
--- the snapshot issue; bronze.snapshot_pages is not read.
 
 all_changes as (
 

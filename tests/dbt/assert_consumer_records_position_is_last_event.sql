@@ -1,6 +1,7 @@
 -- Invariants DESIGN §6 and §7.1 (a record is the state after the last event for its key): a
 -- stream record's position is the last event for its key (its own changes, and a primary-key
--- change away from it), or a later truncate of its table that deleted it; every key that has
+-- change away from it), or a later truncate of its table that deleted it; a snapshot record's
+-- position (its page's watermark) is never below the last event for its key; every key that has
 -- an event has a record.
 with
 
@@ -13,7 +14,6 @@ sequin_events as (
 consumer_records as (
 
     select * from {{ ref('consumer_records') }}
-    where origin = 'stream'
 
 ),
 
@@ -81,6 +81,7 @@ compared as (
             'commit_index', consumer_records.commit_index
         ) as record_position,
         consumer_records.deleted,
+        consumer_records.origin,
         truncates.source is not null as deleted_by_truncate
     from last_key_events
     left join consumer_records
@@ -103,4 +104,4 @@ from compared
 where
     not has_record
     or record_position < last_position
-    or (record_position > last_position and not (deleted and deleted_by_truncate))
+    or (record_position > last_position and origin = 'stream' and not (deleted and deleted_by_truncate))
