@@ -11,7 +11,7 @@ from ingest.bronze.schemas import STREAM_POSITIONS_TABLE
 from ingest.bronze.writer import BronzeWriter
 from ingest.config import Config, MongoSource, PostgresSource
 from ingest.errors import ConfigError, IngestError
-from ingest.events import int_to_lsn
+from ingest.events import WriterKind, WriterPosition, int_to_lsn
 from ingest.progress import Progress
 from ingest.spark import build_spark
 
@@ -64,6 +64,8 @@ def run(cfg: Config, once: bool, source: str | None) -> list[str]:
             + f", durable at {int_to_lsn(cap.durable_lsn)}"
             + (f", {cap.skipped} re-delivered events skipped" if cap.skipped else "")
         )
+        for task in cap.snapshotter.completed:
+            lines.append(f"{s.name}: snapshot of {task.table} completed, {task.rows:,} rows in {task.pages} pages")
     return lines
 
 
@@ -81,6 +83,26 @@ def setup(cfg: Config, source: str | None) -> list[str]:
             f"(slot at {int_to_lsn(h.confirmed_flush_lsn or 0)})"
         )
     return lines
+
+
+def snapshot(cfg: Config, table: str, source: str | None) -> str:
+    """Register an on-demand snapshot of `table` (DESIGN §5); returns what was done."""
+    from ingest.sources.postgres.snapshot import request_snapshot
+
+    candidates = [s for s in _selected(cfg, source) if table in s.tables]
+    if not candidates:
+        raise ConfigError(f"no configured source captures {table!r} (list it under sources.<n>.tables)")
+    if len(candidates) > 1:
+        names = ", ".join(s.name for s in candidates)
+        raise ConfigError(f"{table} is captured by several sources ({names}); pass --source NAME")
+    src = candidates[0]
+    spark = build_spark(cfg.spark)
+    task = request_snapshot(src, BronzeWriter(spark, cfg.warehouse_path), table)
+    return (
+        f"{src.name}: snapshot of {table} requested (writer {task.writer_id}, starting at "
+        f"{int_to_lsn(task.durable_lsn)}); a running `changelake-ingest run` starts it within seconds, "
+        "otherwise the next `run` (or `run --once`) does"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +145,8 @@ def status(cfg: Config, source: str | None) -> list[SourceStatus]:
                     f"writer {pos.writer_id} ({pos.writer_kind.value}): durable {int_to_lsn(pos.durable_lsn)}, "
                     f"updated {updated:%Y-%m-%d %H:%M:%S}"
                 )
+                if pos.writer_kind is WriterKind.SNAPSHOT:
+                    lines.append("  " + _snapshot_progress(pos))
             if rows:
                 lines.append(f"safe bound: {int_to_lsn(min(p.durable_lsn for p, _ in rows))}")
             last = writer.max_commit_time(s.name)
@@ -131,3 +155,25 @@ def status(cfg: Config, source: str | None) -> list[SourceStatus]:
             lines.append("bronze not created yet (run `changelake-ingest run` first)")
         out.append(SourceStatus(s.name, lines))
     return out
+
+
+def _snapshot_progress(pos: WriterPosition) -> str:
+    """One line of a snapshot writer's progress from its resume token."""
+    import json
+
+    try:
+        t = json.loads(pos.resume_token or "{}")
+    except ValueError:
+        return "snapshot progress unreadable"
+    rows, est, pages, rate = t.get("rows") or 0, t.get("estimated_rows"), t.get("pages") or 0, t.get("rows_per_s")
+    if not pages:
+        return f"snapshot of {t.get('table')}: waiting to start"
+    left = max(0, est - rows) if isinstance(est, int) else None
+    parts = [f"snapshot of {t.get('table')}: {rows:,} rows in {pages} pages"]
+    if left is not None:
+        parts.append(f"~{left:,} rows left (estimate)")
+    if rate:
+        parts.append(f"{rate:,.0f} rows/s")
+        if left is not None:
+            parts.append(f"~{left / rate:,.0f} s to go")
+    return ", ".join(parts)

@@ -32,7 +32,10 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--source", help="capture only this source")
     su = sub.add_parser("setup", help="check the sources and create publication and slot (no Spark)")
     su.add_argument("--source", help="only this source")
-    s = sub.add_parser("status", help="positions, safe bound, slot lag and WAL status")
+    sn = sub.add_parser("snapshot", help="request a snapshot of one table; a running (or the next) `run` takes it")
+    sn.add_argument("table", help="schema.table, as listed in the config")
+    sn.add_argument("--source", help="the source capturing the table (needed if several do)")
+    s = sub.add_parser("status", help="positions, safe bound, slot lag, WAL status and snapshot progress")
     s.add_argument("--source", help="only this source")
     return p
 
@@ -56,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "setup":
             for line in app.setup(cfg, args.source):
                 print(line)
+        elif args.command == "snapshot":
+            print(app.snapshot(cfg, args.table, args.source))
         elif args.command == "status":
             for st in app.status(cfg, args.source):
                 print(f"source {st.source}")

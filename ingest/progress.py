@@ -27,6 +27,7 @@ class Progress:
         self._last_n = 0
         self.events = 0
         self.batches = 0
+        self.note = ""  # e.g. the progress of a snapshot running beside the stream
 
     def add(self, n: int) -> None:
         """Count `n` more events made durable."""
@@ -42,12 +43,19 @@ class Progress:
         self._last_t, self._last_n = now, self.events
         lag = "?" if lag_bytes is None else f"{lag_bytes / 1e6:.1f} MB"
         line = f"{self.source}: {self.events} changes, {rate:,.0f} changes/s, lag {lag}"
+        if self.note:
+            line += f" | {self.note}"
         if self.tty:
             sys.stderr.write("\r" + line + " " * 8)
             sys.stderr.flush()
         else:
             log.info(
-                "progress source=%s events=%d rate_per_s=%.0f lag_bytes=%s", self.source, self.events, rate, lag_bytes
+                "progress source=%s events=%d rate_per_s=%.0f lag_bytes=%s note=%r",
+                self.source,
+                self.events,
+                rate,
+                lag_bytes,
+                self.note,
             )
 
     def done(self) -> str:

@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, bronze_events, capture_once, prepare
+from tests.conftest import bronze_events, capture_once, prepare
+from tests.silver_checks import dbt, frozen, silver, snapshot_rows, source_rows
 
 pytestmark = pytest.mark.integration
 
@@ -21,22 +20,6 @@ TABLES = """
 create table accounts (id int primary key, owner text, balance numeric(12, 2), notes text);
 create table lines (account_id int, line_no int, amount int, primary key (account_id, line_no));
 """
-DBT = Path(sys.executable).with_name("dbt")
-
-
-def dbt(warehouse: Path, *args: str) -> str:
-    env = dict(os.environ, CHANGELAKE_WAREHOUSE=str(warehouse), DBT_PROFILES_DIR=str(ROOT),
-               DBT_TARGET_PATH=str(warehouse.parent / "dbt-target"), DBT_LOG_PATH=str(warehouse.parent / "dbt-logs"))
-    r = subprocess.run([str(DBT), *args, "--project-dir", str(ROOT)], env=env, cwd=ROOT, capture_output=True,
-                       text=True, timeout=1200)
-    assert r.returncode == 0, f"dbt {' '.join(args)} failed:\n{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
-    return r.stdout
-
-
-def silver(spark: Any, warehouse: Path, table: str) -> list[Any]:
-    return spark.read.format("delta").load(str(warehouse / "dbt" / "silver.db" / table)).collect()
-
-
 def workload(s: Any, rnd: random.Random, ids: list[int], truncate_lines: bool) -> None:
     for _ in range(40):
         with s.conn.transaction():
@@ -73,22 +56,12 @@ def workload(s: Any, rnd: random.Random, ids: list[int], truncate_lines: bool) -
         s.execute("insert into lines select id, 2, 5 from accounts where id % 3 = 0")
 
 
-def source_rows(s: Any, table: str, pk: list[str]) -> dict[str, dict[str, Any]]:
-    cur = s.conn.execute(f"select row_to_json(t)::text from {s.schema}.{table} t")
-    out = {}
-    for (text,) in cur.fetchall():
-        row = json.loads(text)
-        if "balance" in row and row["balance"] is not None:
-            row["balance"] = f"{row['balance']:.2f}"  # numeric is a string in `record` (exact)
-        out[json.dumps({k: row[k] for k in pk}, separators=(",", ":"))] = row
-    return out
-
-
 def check_equal(spark: Any, warehouse: Path, s: Any) -> None:
     """Invariant 1: non-deleted consumer_records equal the source tables; deleted ones are the gone keys."""
     recs = silver(spark, warehouse, "consumer_records")
     seen = {(e.table_name, e.record_pk) for e in bronze_events(spark, warehouse, s.name) if e.record_pk}
     seen |= {(e.table_name, e.old_record_pk) for e in bronze_events(spark, warehouse, s.name) if e.old_record_pk}
+    seen |= {(p.table_name, p.record_pk) for p in snapshot_rows(spark, warehouse, s.name)}
     for table, pk in (("accounts", ["id"]), ("lines", ["account_id", "line_no"])):
         live = {r.record_pk: json.loads(r.record) for r in recs
                 if r.source == s.name and r.table_name == table and not r.deleted}
@@ -109,10 +82,6 @@ def check_event_log(spark: Any, warehouse: Path, s: Any) -> None:
     assert positions == bronze
 
 
-def frozen(rows: list[Any]) -> set[str]:
-    return {json.dumps(r.asDict(recursive=True), default=str, sort_keys=True) for r in rows}
-
-
 def test_ingest_and_dbt_build_reproduce_the_source(spark: Any, warehouse: Path, make_source: Any) -> None:
     print(f"dbt flow seed: {SEED} (rerun with CHANGELAKE_TEST_SEED={SEED})")
     rnd = random.Random(SEED)
@@ -120,7 +89,7 @@ def test_ingest_and_dbt_build_reproduce_the_source(spark: Any, warehouse: Path, 
     prepare(s.config())
     ids: list[int] = []
     workload(s, rnd, ids, truncate_lines=False)
-    capture_once(spark, warehouse, s.config())
+    capture_once(spark, warehouse, s.config(), snapshots=True, page_rows=7)
     dbt(warehouse, "build")
     check_equal(spark, warehouse, s)
     check_event_log(spark, warehouse, s)
@@ -132,7 +101,7 @@ def test_ingest_and_dbt_build_reproduce_the_source(spark: Any, warehouse: Path, 
 
     # Incremental: more changes (a truncate among them) merge onto the existing silver.
     workload(s, rnd, ids, truncate_lines=True)
-    capture_once(spark, warehouse, s.config())
+    capture_once(spark, warehouse, s.config(), snapshots=True, page_rows=7)
     dbt(warehouse, "build")
     check_equal(spark, warehouse, s)
     check_event_log(spark, warehouse, s)

@@ -107,6 +107,7 @@ class PostgresCapture:
         self.src = src
         self.snapshots = snapshots
         self.snapshotter = Snapshotter(src, writer, page_rows, snapshot_hook)
+        self.snapshotter.progress = progress
         self.batch = batch
         self.writer = writer
         self.progress = progress

@@ -21,7 +21,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from psycopg import pq, sql
@@ -31,6 +31,7 @@ from ingest.bronze.writer import BronzeWriter
 from ingest.config import PostgresSource
 from ingest.errors import SourceError
 from ingest.events import SnapshotPage, SnapshotRow, WriterKind, WriterPosition
+from ingest.progress import Progress
 from ingest.sources.postgres.admin import PostgresAdmin, connect
 from ingest.sources.postgres.replication import safe_dsn, session_conninfo
 from ingest.sources.postgres.values import TYPE_CATALOG_SQL, Encoder, TypeCatalog, json_names
@@ -59,7 +60,8 @@ class SnapshotTask:
     estimated_rows: int | None = None
     rows_per_s: float | None = None
     after: tuple[str, ...] | None = None
-    extra: dict[str, object] = field(default_factory=dict)
+    until: tuple[str, ...] | None = None  # the largest key when the snapshot started: its last row
+    bounded: bool = False  # `until` is known (None with bounded = the table was empty)
 
     @property
     def writer_id(self) -> str:
@@ -76,6 +78,8 @@ class SnapshotTask:
             "estimated_rows": self.estimated_rows,
             "rows_per_s": self.rows_per_s,
         }
+        if self.bounded:
+            token["until"] = list(self.until) if self.until is not None else None
         return WriterPosition(
             source, self.writer_id, WriterKind.SNAPSHOT, self.durable_lsn, self.durable_lsn, json.dumps(token)
         )
@@ -91,6 +95,7 @@ class SnapshotTask:
                 f"snapshot writer {pos.source}/{pos.writer_id} has an unreadable resume_token ({e}); "
                 "delete its row from bronze.stream_positions and request the snapshot again"
             ) from None
+        until = token.get("until")
         return cls(
             table,
             snapshot_id,
@@ -100,6 +105,8 @@ class SnapshotTask:
             int(token.get("rows") or 0),
             token.get("estimated_rows"),
             token.get("rows_per_s"),
+            until=tuple(str(k) for k in until) if until is not None else None,
+            bounded="until" in token,
         )
 
 
@@ -233,6 +240,19 @@ class PageReader:
         self._hook("after_read", task, page)
         return PageRead(rows, xmin, xmax, xip, read_at_us)
 
+    def max_key(self, shape: TableShape) -> tuple[str, ...] | None:
+        """The table's largest key now (as key text), or None if it is empty."""
+        keys = [sql.Identifier(shape.columns[i]) for i in shape.key_positions]
+        query = sql.SQL("select {} from only {} order by {} limit 1").format(
+            sql.SQL(", ").join(keys),
+            sql.Identifier(shape.schema, shape.name),
+            sql.SQL(", ").join(sql.SQL("{} desc").format(k) for k in keys),
+        )
+        res = self._exec(query.as_string(None).encode())
+        if res.ntuples == 0:
+            return None
+        return tuple(bytes(res.get_value(0, i) or b"").decode() for i in range(len(keys)))
+
     def watermark(self, task: SnapshotTask, page: int) -> int:
         """Commit the page's high watermark (a transactional logical message); returns its LSN."""
         content = f"{task.table}:{task.snapshot_id}:{page}".encode()
@@ -272,6 +292,7 @@ class Snapshotter:
         self.hook = hook
         self.tasks: list[SnapshotTask] = []
         self.completed: list[SnapshotTask] = []
+        self.progress: Progress | None = None  # the stream's progress line shows the running snapshot
 
     # -- registration ----------------------------------------------------------------------
     def load(self) -> list[SnapshotTask]:
@@ -354,10 +375,12 @@ class Snapshotter:
             log.info("snapshot resumed source=%s table=%s page=%d rows=%d", self.src.name, task.table, page, task.rows)
         if task.estimated_rows is None:
             task.estimated_rows = self._estimate(admin, task.table)
+        if not task.bounded:
+            task.until, task.bounded = reader.max_key(shape), True
         t0, rows0 = time.monotonic(), task.rows
         while not should_stop():
             read = reader.read_page(shape, encoders, task, page, self.page_rows)
-            is_last = len(read.rows) < self.page_rows
+            is_last = task.until is None or len(read.rows) < self.page_rows or read.rows[-1].key_text == task.until
             hw = reader.watermark(task, page)
             self.writer.append_page(
                 self.src.name,
@@ -384,6 +407,12 @@ class Snapshotter:
             elapsed = time.monotonic() - t0
             task.rows_per_s = (task.rows - rows0) / elapsed if elapsed > 0 else None
             self._raise_all(hw)
+            if self.progress is not None:
+                left = f", ~{max(0, task.estimated_rows - task.rows):,} left" if task.estimated_rows is not None else ""
+                self.progress.note = (
+                    f"snapshot {task.table}: {task.rows:,} rows, {task.pages} pages, "
+                    f"{task.rows_per_s or 0:,.0f} rows/s{left}"
+                )
             log.info(
                 "snapshot page source=%s table=%s page=%d rows=%d total_rows=%d estimated_rows=%s rate_per_s=%.0f",
                 self.src.name,
@@ -415,6 +444,8 @@ class Snapshotter:
 
     def _retire(self, task: SnapshotTask) -> None:
         self.writer.remove_writer(self.src.name, task.writer_id)
+        if self.progress is not None:
+            self.progress.note = ""
         faults.hit("snapshot_after_retire")
         log.info(
             "snapshot completed source=%s table=%s snapshot_id=%s pages=%d rows=%d",
