@@ -182,18 +182,18 @@ def test_snapshot_races_and_concurrent_load_reproduce_the_source(
         s = make_source(
             "create table r1 (id int primary key, v text); create table r2 (id int primary key, v text)", ["r1", "r2"]
         )
-        s.execute("insert into r1 select g, 'a' || g from generate_series(1, 60) g")
-        s.execute("insert into r2 select g * 3, 'b' || g from generate_series(1, 40) g")
+        s.execute("insert into r1 select g, 'a' || g from generate_series(1, 50) g")
+        s.execute("insert into r2 select g * 3, 'b' || g from generate_series(1, 30) g")
         prepare(s.config())
         stop = threading.Event()
         writer = threading.Thread(target=random_load, args=(pg_dsn, s.schema, SEED + k, stop))
         writer.start()
         try:
-            capture_once(spark, warehouse, s.config(), snapshots=True, page_rows=5)
+            capture_once(spark, warehouse, s.config(), snapshots=True, page_rows=8)
         finally:
             stop.set()
             writer.join()
-        capture_once(spark, warehouse, s.config(), snapshots=True, page_rows=5)  # quiescent: catch up
+        capture_once(spark, warehouse, s.config(), snapshots=True, page_rows=8)  # quiescent: catch up
         loads.append(s)
 
     dbt(warehouse, "build")

@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 WATERMARK_PREFIX = "changelake.watermark"
 WRITER_PREFIX = "snapshot-"
 REQUEST_POLL_S = 5.0
+POSITION_INTERVAL_S = 2.0  # a running snapshot raises its writer row at most this often (and at its end)
 
 # A test (or an operator's debugging session) may run statements at these moments of a page.
 HOOK_POINTS = ("before_read", "after_begin", "after_read")
@@ -378,6 +379,7 @@ class Snapshotter:
         if not task.bounded:
             task.until, task.bounded = reader.max_key(shape), True
         t0, rows0 = time.monotonic(), task.rows
+        last_raise = 0.0
         while not should_stop():
             read = reader.read_page(shape, encoders, task, page, self.page_rows)
             is_last = task.until is None or len(read.rows) < self.page_rows or read.rows[-1].key_text == task.until
@@ -406,7 +408,10 @@ class Snapshotter:
                 task.after = read.rows[-1].key_text
             elapsed = time.monotonic() - t0
             task.rows_per_s = (task.rows - rows0) / elapsed if elapsed > 0 else None
-            self._raise_all(hw)
+            if not is_last and time.monotonic() - last_raise >= POSITION_INTERVAL_S:
+                # Pages are durable already (a resume asks bronze); the row only lets the safe bound pass.
+                self._raise_all(hw)
+                last_raise = time.monotonic()
             if self.progress is not None:
                 left = f", ~{max(0, task.estimated_rows - task.rows):,} left" if task.estimated_rows is not None else ""
                 self.progress.note = (
@@ -424,7 +429,7 @@ class Snapshotter:
                 task.rows_per_s or 0,
             )
             if is_last:
-                self._retire(task)
+                self._retire(task, hw)
                 return True
             page += 1
         return False
@@ -440,9 +445,15 @@ class Snapshotter:
         """Every snapshot writer of this source is at or past `hw`: its next page's watermark is later."""
         for t in self.tasks:
             t.durable_lsn = max(t.durable_lsn, hw)
-        self.writer.raise_positions([(t.position(self.src.name), t.started_at) for t in self.tasks])
+        if self.tasks:
+            self.writer.raise_positions([(t.position(self.src.name), t.started_at) for t in self.tasks])
 
-    def _retire(self, task: SnapshotTask) -> None:
+    def _retire(self, task: SnapshotTask, hw: int = 0) -> None:
+        queued = [t for t in self.tasks if t is not task]
+        for t in queued:
+            t.durable_lsn = max(t.durable_lsn, hw)
+        if queued:  # they wait behind this one: they must not hold the safe bound back meanwhile
+            self.writer.raise_positions([(t.position(self.src.name), t.started_at) for t in queued])
         self.writer.remove_writer(self.src.name, task.writer_id)
         if self.progress is not None:
             self.progress.note = ""
