@@ -289,7 +289,7 @@ class MongoCapture:
             nonlocal done_lsn, done_token
             end_lsns = {e.commit_lsn: e.commit_lsn for e in pending if e.commit_lsn != open_lsn}
             batch = Batch(list(pending), mid_transaction=mid_transaction, end_lsns=end_lsns)
-            if not mid_transaction and done_lsn is not None:
+            if done_lsn is not None:  # every event at or below it is in this batch or an earlier one
                 batch.durable_lsn = batch.ack_lsn = done_lsn
                 batch.resume_token = done_token
                 done_lsn = done_token = None
