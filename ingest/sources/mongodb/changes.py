@@ -199,9 +199,11 @@ class ChangeMapper:
 
     def _row_event(self, doc: Mapping[str, Any], op: OperationType, ns: Namespace, base: dict[str, Any]) -> ChangeEvent:
         key = doc.get("documentKey") or {}
+        full = doc.get("fullDocument")
+        if "_id" not in key and isinstance(full, Mapping) and "_id" in full:
+            key = {"_id": full["_id"]}  # mongo-java-server sends an update's operator as documentKey
         if "_id" not in key:
             raise ValueError(f"{op} event without documentKey._id at clusterTime {base['commit_lsn']}")
-        full = doc.get("fullDocument")
         before = doc.get("fullDocumentBeforeChange")
         action = ROW_ACTIONS[op]
         record = ext_json(full) if full is not None and action != Action.DELETE else None

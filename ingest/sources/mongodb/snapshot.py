@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from bson import Decimal128, Regex
 from bson.timestamp import Timestamp
 from pymongo import MongoClient
 from pymongo.errors import OperationFailure
@@ -35,8 +36,6 @@ log = logging.getLogger(__name__)
 SOURCE_KIND = "mongodb"
 WRITER_PREFIX = "snapshot-"
 SNAPSHOT_READ_CONCERN = {"level": "snapshot"}
-# BSON types whose values `$gt` compares with each other (MongoDB's comparison brackets)
-NUMBER_TYPES = frozenset({"int", "long", "double", "decimal"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +59,19 @@ class SnapshotState:
         """Parse a writer row's `resume_token`."""
         d = json.loads(text)
         return cls(str(d["table"]), str(d["snapshot_id"]), int(d["pages"]), int(d["rows"]))
+
+
+def comparison_bracket(value: Any) -> str:
+    """The BSON comparison bracket of a value: numbers compare with each other, other types with their own."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int | float | Decimal128):
+        return "number"
+    if isinstance(value, str | Regex):
+        return "string" if isinstance(value, str) else "regex"
+    if isinstance(value, bytes):  # bson.Binary is a bytes
+        return "binary"
+    return type(value).__name__
 
 
 def writer_id(snapshot_id: str) -> str:
@@ -153,16 +165,9 @@ class MongoSnapshotter:
         coll = self.client[self.ns.db][self.ns.coll or ""]
         types = []
         for direction in (1, -1):
-            doc = next(
-                iter(
-                    coll.aggregate(
-                        [{"$sort": {"_id": direction}}, {"$limit": 1}, {"$project": {"t": {"$type": "$_id"}}}]
-                    )
-                ),
-                None,
-            )
+            doc = coll.find_one({}, projection={"_id": 1}, sort=[("_id", direction)])
             if doc is not None:
-                types.append("number" if doc["t"] in NUMBER_TYPES else doc["t"])
+                types.append(comparison_bracket(doc["_id"]))
         if len(set(types)) > 1:
             raise SourceError(
                 f"sources.{self.src.name}: {self.ns.qualified} has _id values of several BSON types "
