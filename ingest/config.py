@@ -115,7 +115,7 @@ class MongoSource(_Strict):
     @classmethod
     def _database_name(cls, v: str) -> str:
         if not v or any(c in v for c in '/\\. "$') or v in ("admin", "local", "config"):
-            raise ValueError(f"{v!r} is not a user database name (no / \\ . space \" $; not admin, local, config)")
+            raise ValueError(f'{v!r} is not a user database name (no / \\ . space " $; not admin, local, config)')
         return v
 
     @field_validator("collections")
