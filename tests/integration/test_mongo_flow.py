@@ -229,3 +229,24 @@ def test_stream_to_dbt_consumer_records_equal_the_collection(
     assert (p2.qty, str(p2.price)) == (20, "0.50")
     assert gold[str(product(3)["_id"])].price is None  # replaced without a price
     assert set(gold) == {str(d["_id"]) for d in live.values()}
+
+
+def test_transaction_events_share_a_commit_lsn_in_order(
+    spark: Any, warehouse: Path, mongo_uri: str, mongo_db: Any
+) -> None:
+    if "127.0.0.1" in mongo_uri and os.environ.get(LIVE_URI_ENV) != mongo_uri:
+        pytest.skip("mongo-java-server has no sessions or transactions (unit-tested in tests/unit/sources/mongodb)")
+    coll = mongo_db.products
+    coll.insert_one(product(1))
+    src = source(mongo_uri, mongo_db)
+    capture_once(spark, warehouse, src)
+    with coll.database.client.start_session() as session, session.start_transaction():
+        coll.insert_one(product(2), session=session)
+        coll.update_one({"_id": product(1)["_id"]}, {"$set": {"qty": 7}}, session=session)
+        coll.delete_one({"_id": product(2)["_id"]}, session=session)
+        coll.insert_one(product(2), session=session)  # insert -> delete -> insert: the row is present
+    capture_once(spark, warehouse, src)
+    events = bronze_events(spark, warehouse, src.name)
+    assert [e.action for e in events] == ["insert", "update", "delete", "insert"]
+    assert len({e.commit_lsn for e in events}) == 1
+    assert [e.commit_index for e in events] == [0, 1, 2, 3]
