@@ -232,9 +232,9 @@ def test_stream_to_dbt_consumer_records_equal_the_collection(
 
 
 def test_transaction_events_share_a_commit_lsn_in_order(
-    spark: Any, warehouse: Path, mongo_uri: str, mongo_db: Any
+    spark: Any, warehouse: Path, mongo_uri: str, mongo_db: Any, request: pytest.FixtureRequest
 ) -> None:
-    if "127.0.0.1" in mongo_uri and os.environ.get(LIVE_URI_ENV) != mongo_uri:
+    if request.node.callspec.params["mongo_uri"] == "mongo-java-server":
         pytest.skip("mongo-java-server has no sessions or transactions (unit-tested in tests/unit/sources/mongodb)")
     coll = mongo_db.products
     coll.insert_one(product(1))
