@@ -19,10 +19,12 @@ $(STAMP): requirements.txt pyproject.toml
 	@$(PY) -m pip install -q -r requirements.txt
 	@$(PY) -m pip install -q --no-deps -e .
 	@bash scripts/delta_jars.sh $(PY)
+	@bash scripts/mongo_java_server.sh >/dev/null
 	@rm -f $(VENV)/.installed-*; touch $@
 
 setup: $(STAMP)
 	@bash scripts/delta_jars.sh $(PY)
+	@bash scripts/mongo_java_server.sh >/dev/null
 
 # The source DSN: CHANGELAKE_PG_DSN if you give one, else the project-owned cluster (started here).
 pg:

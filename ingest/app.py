@@ -36,10 +36,12 @@ class _StopFlag:
 
 def _selected(cfg: Config, source: str | None) -> list[PostgresSource]:
     chosen = [cfg.source(source)] if source else list(cfg.sources)
-    for s in chosen:
-        if isinstance(s, MongoSource):
-            raise ConfigError(f"sources.{s.name}: kind mongodb is not supported by this version of ingest")
     return [s for s in chosen if isinstance(s, PostgresSource)]
+
+
+def _selected_mongo(cfg: Config, source: str | None) -> list[MongoSource]:
+    chosen = [cfg.source(source)] if source else list(cfg.sources)
+    return [s for s in chosen if isinstance(s, MongoSource)]
 
 
 def run(cfg: Config, once: bool, source: str | None) -> list[str]:
@@ -47,10 +49,13 @@ def run(cfg: Config, once: bool, source: str | None) -> list[str]:
     from ingest.sources.postgres.capture import PostgresCapture, prepare_source
 
     sources = _selected(cfg, source)
-    if len(sources) > 1 and not once:
+    mongo = _selected_mongo(cfg, source)
+    if len(sources) + len(mongo) > 1 and not once:
         raise ConfigError("continuous run captures one source per process; pass --source NAME")
     for s in sources:  # fail fast on the source before paying for a JVM
         prepare_source(s).close()
+    for m in mongo:
+        _setup_mongo(m)
     spark = build_spark(cfg.spark)
     writer = BronzeWriter(spark, cfg.warehouse_path)
     stop = _StopFlag()
@@ -66,6 +71,7 @@ def run(cfg: Config, once: bool, source: str | None) -> list[str]:
         )
         for task in cap.snapshotter.completed:
             lines.append(f"{s.name}: snapshot of {task.table} completed, {task.rows:,} rows in {task.pages} pages")
+    lines += [_run_mongo(m, cfg, writer, once, stop) for m in mongo]
     return lines
 
 
@@ -82,6 +88,7 @@ def setup(cfg: Config, source: str | None) -> list[str]:
             f"{s.name}: publication {s.publication_name} and slot {s.slot_name} ready "
             f"(slot at {int_to_lsn(h.confirmed_flush_lsn or 0)})"
         )
+    lines += [_setup_mongo(m) for m in _selected_mongo(cfg, source)]
     return lines
 
 
@@ -154,6 +161,7 @@ def status(cfg: Config, source: str | None) -> list[SourceStatus]:
         else:
             lines.append("bronze not created yet (run `changelake-ingest run` first)")
         out.append(SourceStatus(s.name, lines))
+    out += [SourceStatus(m.name, _status_mongo(m, writer)) for m in _selected_mongo(cfg, source)]
     return out
 
 
@@ -177,3 +185,56 @@ def _snapshot_progress(pos: WriterPosition) -> str:
         if left is not None:
             parts.append(f"~{left / rate:,.0f} s to go")
     return ", ".join(parts)
+
+
+# -- MongoDB sources (docs/mongodb.md) ---------------------------------------------------------
+
+
+def _run_mongo(src: MongoSource, cfg: Config, writer: BronzeWriter, once: bool, stop: _StopFlag) -> str:
+    from ingest.sources.mongodb.capture import MongoCapture
+    from ingest.sources.mongodb.changes import unpack_cluster_time
+
+    progress = Progress(src.name)
+    cap = MongoCapture(src, cfg.batch, writer, progress)
+    cap.run(once=once, should_stop=stop)
+    ts = unpack_cluster_time(cap.durable_lsn)
+    return (
+        progress.done()
+        + f", durable at clusterTime {ts.time}.{ts.inc}"
+        + (f", snapshots completed: {', '.join(cap.snapshots_done)}" if cap.snapshots_done else "")
+        + (f", {cap.skipped} re-delivered events skipped" if cap.skipped else "")
+    )
+
+
+def _setup_mongo(src: MongoSource) -> str:
+    """Check that the source is reachable and has a cluster time (no Spark needed)."""
+    from ingest.sources.mongodb.source import cluster_time, collections, connect
+
+    client = connect(src)
+    try:
+        ts = cluster_time(client)
+        names = collections(client, src)
+    finally:
+        client.close()
+    return f"{src.name}: MongoDB {src.database} reachable at clusterTime {ts.time}.{ts.inc}; collections: " + (
+        ", ".join(names) or "none yet"
+    )
+
+
+def _status_mongo(src: MongoSource, writer: BronzeWriter) -> list[str]:
+    from ingest.sources.mongodb.capture import positions_summary
+    from ingest.sources.mongodb.source import cluster_time, connect
+
+    lines: list[str] = []
+    try:
+        client = connect(src)
+        try:
+            ts = cluster_time(client)
+        finally:
+            client.close()
+        lines.append(f"server clusterTime {ts.time}.{ts.inc}")
+    except IngestError as e:
+        lines.append(f"source unreachable: {e}")
+    if not writer.exists(STREAM_POSITIONS_TABLE):
+        return [*lines, "bronze not created yet (run `changelake-ingest run` first)"]
+    return lines + positions_summary(writer, src.name)

@@ -85,13 +85,60 @@ class PostgresSource(_Strict):
 
 
 class MongoSource(_Strict):
-    """A MongoDB source (change streams); not implemented by this version of ingest."""
+    """A MongoDB source: one change stream over a database (or one collection) plus snapshots.
+
+    `uri` holds credentials: give it as `${ENV}`. `collections` lists collection names of
+    `database` (None: every collection). `pre_post_images` says the collections have
+    `changeStreamPreAndPostImages` enabled: the stream then asks for `required` post-images and
+    `whenAvailable` pre-images instead of `updateLookup` (see docs/mongodb.md). `on_history_lost`:
+    what a resume point that fell off the oplog does, `fail` (an error saying how to recover) or
+    `resnapshot` (tombstone every collection, restart the stream now, snapshot every collection).
+    """
 
     kind: Literal["mongodb"]
     name: str
     uri: str
     database: str
     collections: list[str] | None = None
+    pre_post_images: bool = False
+    max_await_seconds: Annotated[float, Field(gt=0, le=60)] = 1.0
+    snapshot_page_size: Annotated[int, Field(gt=0)] = 5_000
+    on_history_lost: Literal["fail", "resnapshot"] = "fail"
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_identifier(cls, v: str) -> str:
+        if not _IDENT.match(v):
+            raise ValueError(f"{v!r} must be lowercase letters, digits and _")
+        return v
+
+    @field_validator("uri")
+    @classmethod
+    def _uri_is_mongodb(cls, v: str) -> str:
+        if not v.startswith(("mongodb://", "mongodb+srv://")):
+            raise ValueError("must start with mongodb:// or mongodb+srv://")
+        return v
+
+    @field_validator("database")
+    @classmethod
+    def _database_name(cls, v: str) -> str:
+        if not v or any(c in v for c in '/\\. "$') or v in ("admin", "local", "config"):
+            raise ValueError(f'{v!r} is not a user database name (no / \\ . space " $; not admin, local, config)')
+        return v
+
+    @field_validator("collections")
+    @classmethod
+    def _collection_names(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return v
+        if not v:
+            raise ValueError("list at least one collection, or leave the key out for all collections")
+        for c in v:
+            if not c or "$" in c or c.startswith("system."):
+                raise ValueError(f"{c!r} is not a capturable collection name")
+        if len(set(v)) != len(v):
+            raise ValueError("collections are listed twice")
+        return v
 
 
 SourceConfig = Annotated[PostgresSource | MongoSource, Field(discriminator="kind")]

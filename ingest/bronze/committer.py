@@ -40,6 +40,7 @@ class Batch:
     ack_lsn: int | None = None
     mid_transaction: bool = False
     end_lsns: dict[int, int] = field(default_factory=dict)  # commit LSN -> end LSN of its transaction
+    resume_token: str | None = None  # stored with the raised position (MongoDB: how to reopen the stream)
 
 
 _STOP = object()
@@ -141,6 +142,7 @@ class Committer:
                 self.writer_kind,
                 batch.durable_lsn,
                 max(self.ack_lsn, batch.ack_lsn or 0),
+                batch.resume_token,
             )
             self.writer.raise_position(pos, self.started_at)
             faults.hit("after_position_commit")

@@ -1,0 +1,1 @@
+"""MongoDB source: change-stream decoding (pure), stream capture and snapshots."""

@@ -1,0 +1,270 @@
+"""Change-stream documents -> ChangeEvents (pure, no I/O): positions, actions and Extended JSON.
+
+The documents are those the MongoDB manual's "Change Events" page describes (pymongo decodes them
+to dicts of BSON types). Positions follow DESIGN §2: `commit_lsn` is `clusterTime` packed as
+`(seconds << 32) | increment`; `commit_index` counts the events of one transaction (same
+`clusterTime`, `lsid` and `txnNumber`) from 0, in stream order, which is the resume tokens'
+`txnOpIndex` order. Events of one applyOps entry without a transaction (batched deletes) share a
+`clusterTime` too, and are numbered the same way, so no two events of a source share a position.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+from bson import json_util
+from bson.json_util import JSONMode, JSONOptions
+from bson.timestamp import Timestamp
+
+from ingest.events import Action, ChangeEvent
+
+log = logging.getLogger(__name__)
+
+CANONICAL = JSONOptions(json_mode=JSONMode.CANONICAL, tz_aware=True, tzinfo=UTC)
+UPDATE_DESCRIPTION_PREFIX = "mongodb.updateDescription"  # message_prefix of an update's description
+RENAME_PREFIX = "mongodb.rename"  # message_prefix of a rename's target namespace
+INCREMENT_BITS = 32
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+RESUME_TOKEN_TIMESTAMP_TYPE = "82"  # KeyString type byte of a BSON Timestamp: a v1 token's first field
+RESUME_TOKEN_TIMESTAMP_HEX = 16  # the Timestamp after it: 8 bytes big-endian, (seconds << 32) | increment
+
+
+class OperationType(StrEnum):
+    """The change-event `operationType`s a stream without `showExpandedEvents` delivers."""
+
+    INSERT = "insert"
+    UPDATE = "update"
+    REPLACE = "replace"
+    DELETE = "delete"
+    DROP = "drop"
+    RENAME = "rename"
+    DROP_DATABASE = "dropDatabase"
+    INVALIDATE = "invalidate"
+
+
+ROW_ACTIONS = {
+    OperationType.INSERT: Action.INSERT,
+    OperationType.UPDATE: Action.UPDATE,
+    OperationType.REPLACE: Action.UPDATE,
+    OperationType.DELETE: Action.DELETE,
+}
+
+
+def ext_json(value: Any) -> str:
+    """Canonical Extended JSON v2 of a BSON value, compact: every BSON type survives the trip."""
+    return json_util.dumps(value, json_options=CANONICAL, separators=(",", ":"))
+
+
+def from_ext_json(text: str) -> Any:
+    """The BSON value of a canonical Extended JSON text (inverse of `ext_json`)."""
+    return json_util.loads(text, json_options=CANONICAL)
+
+
+def pack_cluster_time(ts: Timestamp) -> int:
+    """A cluster time as a bronze position: `(seconds << 32) | increment`."""
+    return (ts.time << INCREMENT_BITS) | ts.inc
+
+
+def unpack_cluster_time(position: int) -> Timestamp:
+    """The cluster time of a packed position (inverse of `pack_cluster_time`)."""
+    return Timestamp(position >> INCREMENT_BITS, position & 0xFFFFFFFF)
+
+
+def resume_token_position(token: Mapping[str, Any] | None) -> int | None:
+    """The packed cluster time a resume token stands for, or None if the token is not decodable.
+
+    A resume token is opaque to clients, but its `_data` (MongoDB >= 4.2, a hex KeyString) starts
+    with the event's cluster time: type byte 0x82 then the Timestamp as 8 big-endian bytes. This
+    is what lets an idle stream's post-batch resume token raise the writer's position.
+    """
+    data = token.get("_data") if token else None
+    if not isinstance(data, str) or not data.upper().startswith(RESUME_TOKEN_TIMESTAMP_TYPE):
+        return None
+    digits = data[len(RESUME_TOKEN_TIMESTAMP_TYPE) : len(RESUME_TOKEN_TIMESTAMP_TYPE) + RESUME_TOKEN_TIMESTAMP_HEX]
+    if len(digits) != RESUME_TOKEN_TIMESTAMP_HEX:
+        return None
+    try:
+        return int(digits, 16)
+    except ValueError:
+        return None
+
+
+def record_key(document_id: Any) -> str:
+    """`record_pk` of a document: `{"_id": <canonical Extended JSON>}` (shard-key fields left out)."""
+    return ext_json({"_id": document_id})
+
+
+@dataclass(frozen=True, slots=True)
+class Namespace:
+    """A database and collection (`ns` of a change event); `coll` is None for database events."""
+
+    db: str
+    coll: str | None
+
+    @property
+    def qualified(self) -> str:
+        """`db.coll`, as `truncated_tables` lists it."""
+        return f"{self.db}.{self.coll}"
+
+
+@dataclass(frozen=True, slots=True)
+class MappedChange:
+    """What one change-stream document means for bronze and for the stream.
+
+    `event` is None for an operationType ingest does not store (logged). `invalidated`: the
+    stream is closed and must be reopened with `startAfter` this event's token. `renamed_to`:
+    a rename's target namespace (to be snapshotted if it is in scope).
+    """
+
+    event: ChangeEvent | None
+    token: Mapping[str, Any]
+    invalidated: bool = False
+    renamed_to: Namespace | None = None
+
+
+class ChangeMapper:
+    """Maps change-stream documents of one source to ChangeEvents, in stream order.
+
+    Responsibilities: positions (packed clusterTime, index within a transaction), actions,
+    canonical Extended JSON of keys and documents, tombstoning events for drop / rename /
+    dropDatabase / invalidate, and the set of collections seen (what a dropDatabase tombstones).
+    State: the previous event's transaction key, so feed documents in stream order, starting at
+    a transaction boundary (the stream resumes only from tokens stored at one).
+    """
+
+    def __init__(self, scope: Namespace, known_collections: Sequence[str] = ()) -> None:
+        """Map the events of a stream watching `scope` (a collection, or a database if coll is None).
+
+        `known_collections` are the in-scope collections at start (a dropDatabase tombstones
+        them and every collection seen since).
+        """
+        self.scope = scope
+        self.known: set[str] = set(known_collections)
+        self._txn_key: tuple[int, Any, Any] | None = None
+        self._index = 0
+
+    def _position(self, doc: Mapping[str, Any]) -> tuple[int, int]:
+        cluster_time = doc.get("clusterTime")
+        if not isinstance(cluster_time, Timestamp):
+            raise ValueError(f"change event without a clusterTime: {ext_json(doc.get('_id'))}")
+        lsn = pack_cluster_time(cluster_time)
+        key = (lsn, _hashable(doc.get("lsid")), doc.get("txnNumber"))
+        self._index = self._index + 1 if key == self._txn_key else 0
+        self._txn_key = key
+        return lsn, self._index
+
+    def _namespace(self, doc: Mapping[str, Any]) -> Namespace:
+        ns = doc.get("ns")
+        if isinstance(ns, Mapping) and ns.get("db"):
+            return Namespace(str(ns["db"]), str(ns["coll"]) if ns.get("coll") is not None else None)
+        return self.scope  # a collection stream's own namespace (mongo-java-server sends no `ns`)
+
+    def feed(self, doc: Mapping[str, Any]) -> MappedChange:
+        """Map one change-stream document (as pymongo returns it)."""
+        token = doc["_id"]
+        lsn, index = self._position(doc)
+        op = doc.get("operationType")
+        ts_us = _commit_ts_us(doc, lsn)
+        ns = self._namespace(doc)
+        base = {"commit_lsn": lsn, "commit_index": index, "xid": lsn, "commit_ts_us": ts_us}
+        if op in ROW_ACTIONS:
+            if ns.coll is not None:
+                self.known.add(ns.coll)
+            return MappedChange(self._row_event(doc, OperationType(op), ns, base), token)
+        if op == OperationType.DROP:
+            return MappedChange(self._tombstone(base, ns, [ns]), token)
+        if op == OperationType.RENAME:
+            to = doc.get("to") or {}
+            target = Namespace(str(to.get("db", ns.db)), str(to["coll"])) if to.get("coll") else None
+            event = self._tombstone(base, ns, [ns], RENAME_PREFIX, ext_json({"to": to}) if to else None)
+            self.known.discard(ns.coll or "")
+            return MappedChange(event, token, renamed_to=target)
+        if op == OperationType.DROP_DATABASE:
+            dropped = [Namespace(ns.db, c) for c in sorted(self.known)]
+            return MappedChange(self._tombstone(base, ns, dropped) if dropped else None, token)
+        if op == OperationType.INVALIDATE:
+            if self.scope.coll is not None:
+                gone = [self.scope]
+            else:
+                gone = [Namespace(self.scope.db, c) for c in sorted(self.known)]
+            return MappedChange(self._tombstone(base, self.scope, gone) if gone else None, token, invalidated=True)
+        log.warning("skipped change event operationType=%s clusterTime=%d index=%d", op, lsn, index)
+        return MappedChange(None, token)
+
+    def _row_event(self, doc: Mapping[str, Any], op: OperationType, ns: Namespace, base: dict[str, Any]) -> ChangeEvent:
+        key = doc.get("documentKey") or {}
+        full = doc.get("fullDocument")
+        if "_id" not in key and isinstance(full, Mapping) and "_id" in full:
+            key = {"_id": full["_id"]}  # mongo-java-server sends an update's operator as documentKey
+        if "_id" not in key:
+            raise ValueError(f"{op} event without documentKey._id at clusterTime {base['commit_lsn']}")
+        before = doc.get("fullDocumentBeforeChange")
+        action = ROW_ACTIONS[op]
+        record = ext_json(full) if full is not None and action != Action.DELETE else None
+        if before is not None:
+            old_record: str | None = ext_json(before)
+        elif action == Action.DELETE:
+            old_record = ext_json({"_id": key["_id"]})  # like a Postgres delete's key-only old tuple
+        else:
+            old_record = None
+        prefix = content = None
+        description = doc.get("updateDescription")
+        if op == OperationType.UPDATE and description is not None:
+            prefix = UPDATE_DESCRIPTION_PREFIX
+            content = ext_json(
+                {
+                    "updatedFields": description.get("updatedFields", {}),
+                    "removedFields": description.get("removedFields", []),
+                    "truncatedArrays": description.get("truncatedArrays", []),
+                }
+            )
+        return ChangeEvent(
+            **base,
+            action=action,
+            table_schema=ns.db,
+            table_name=ns.coll,
+            record_pk=record_key(key["_id"]),
+            record=record,
+            old_record=old_record,
+            message_prefix=prefix,
+            message_content=content,
+        )
+
+    @staticmethod
+    def _tombstone(
+        base: dict[str, Any],
+        ns: Namespace,
+        tables: Sequence[Namespace],
+        prefix: str | None = None,
+        content: str | None = None,
+    ) -> ChangeEvent:
+        first = tables[0] if tables else ns
+        return ChangeEvent(
+            **base,
+            action=Action.TRUNCATE,
+            table_schema=first.db,
+            table_name=first.coll,
+            truncated_tables=tuple(t.qualified for t in tables),
+            message_prefix=prefix,
+            message_content=content,
+        )
+
+
+def _commit_ts_us(doc: Mapping[str, Any], lsn: int) -> int:
+    """`wallTime` (MongoDB >= 6.0) in epoch microseconds, else the clusterTime's seconds."""
+    wall = doc.get("wallTime")
+    if isinstance(wall, datetime):
+        wall = wall if wall.tzinfo else wall.replace(tzinfo=UTC)
+        return (wall - EPOCH) // timedelta(microseconds=1)
+    return (lsn >> INCREMENT_BITS) * 1_000_000
+
+
+def _hashable(value: Any) -> Any:
+    """A comparable form of an `lsid` document (None stays None)."""
+    return None if value is None else json.dumps(json.loads(ext_json(value)), sort_keys=True)

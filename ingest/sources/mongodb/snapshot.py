@@ -1,0 +1,220 @@
+"""Snapshots one MongoDB collection into bronze.snapshot_pages in `_id`-ordered pages (DESIGN §5).
+
+Each page is its own short `find` with `readConcern: snapshot`: the server picks the page's
+`atClusterTime` and returns it, and it becomes the page's position (`high_watermark_lsn`): stream
+events at or before it are older than the page's rows, later ones newer. A page is one Delta
+commit; the writer row `snapshot-<id>` is raised to the page's position after it and removed
+when the last page is durable. A crashed snapshot resumes after its last durable page's `_id`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from bson import Decimal128, Regex
+from bson.timestamp import Timestamp
+from pymongo import MongoClient
+from pymongo.errors import OperationFailure
+
+from ingest.bronze.writer import BronzeWriter
+from ingest.config import MongoSource
+from ingest.errors import SourceError
+from ingest.events import SnapshotPage, SnapshotRow, WriterKind, WriterPosition
+from ingest.sources.mongodb.changes import Namespace, ext_json, from_ext_json, pack_cluster_time, record_key
+from ingest.sources.mongodb.source import cluster_time
+
+log = logging.getLogger(__name__)
+
+SOURCE_KIND = "mongodb"
+WRITER_PREFIX = "snapshot-"
+SNAPSHOT_READ_CONCERN = {"level": "snapshot"}
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotState:
+    """A snapshot's writer row, as `resume_token` JSON: which collection, how far."""
+
+    table: str
+    snapshot_id: str
+    pages: int
+    rows: int
+
+    def to_json(self) -> str:
+        """The writer row's `resume_token`."""
+        return json.dumps(
+            {"table": self.table, "snapshot_id": self.snapshot_id, "pages": self.pages, "rows": self.rows},
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> SnapshotState:
+        """Parse a writer row's `resume_token`."""
+        d = json.loads(text)
+        return cls(str(d["table"]), str(d["snapshot_id"]), int(d["pages"]), int(d["rows"]))
+
+
+def comparison_bracket(value: Any) -> str:
+    """The BSON comparison bracket of a value: numbers compare with each other, other types with their own."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int | float | Decimal128):
+        return "number"
+    if isinstance(value, str | Regex):
+        return "string" if isinstance(value, str) else "regex"
+    if isinstance(value, bytes):  # bson.Binary is a bytes
+        return "binary"
+    return type(value).__name__
+
+
+def writer_id(snapshot_id: str) -> str:
+    """The bronze writer of a snapshot."""
+    return f"{WRITER_PREFIX}{snapshot_id}"
+
+
+class MongoSnapshotter:
+    """Owns one snapshot of one collection.
+
+    Responsibilities: register (or resume) its writer row at the source's safe bound, read pages
+    in `_id` order each under its own snapshot read, append each page, raise the row to the
+    page's position, and remove the row when the last page is durable.
+    """
+
+    def __init__(
+        self,
+        src: MongoSource,
+        client: MongoClient[dict[str, Any]],
+        writer: BronzeWriter,
+        collection: str,
+        state: SnapshotState | None = None,
+    ) -> None:
+        """Snapshot `collection` of `src`; with `state` (a writer row), resume that snapshot."""
+        self.src, self.client, self.writer = src, client, writer
+        self.ns = Namespace(src.database, collection)
+        self.state = state or SnapshotState(self.ns.qualified, str(uuid.uuid4()), 0, 0)
+        self.writer_id = writer_id(self.state.snapshot_id)
+        self.started_at = datetime.now(UTC)
+        self.durable_lsn = 0
+        self._warned_no_cluster_time = False
+
+    def run(self, should_stop: Callable[[], bool]) -> bool:
+        """Read pages until the collection ends (True) or `should_stop()` (False, resumable)."""
+        page_number, after = self._register()
+        if page_number < 0:
+            self.writer.remove_writer(self.src.name, self.writer_id)
+            return True
+        self._check_key_types()
+        while not should_stop():
+            page = self._read_page(page_number, after)
+            self.writer.append_page(self.src.name, SOURCE_KIND, self.writer_id, page)
+            self.state = SnapshotState(
+                self.state.table, self.state.snapshot_id, page_number + 1, self.state.rows + len(page.rows)
+            )
+            if page.last_page:
+                self.writer.remove_writer(self.src.name, self.writer_id)
+                log.info("snapshot done source=%s table=%s rows=%d", self.src.name, self.ns.qualified, self.state.rows)
+                return True
+            self._raise(page.high_watermark_lsn)
+            after = from_ext_json(page.rows[-1].key_text[0])
+            page_number += 1
+        return False
+
+    def _register(self) -> tuple[int, Any]:
+        """Write (or find) the writer row; returns the next page number and the `_id` to read after."""
+        mine = [p for p, _ in self.writer.positions(self.src.name) if p.writer_id == self.writer_id]
+        if mine:
+            self.durable_lsn = mine[0].durable_lsn
+        else:
+            others = [p.durable_lsn for p, _ in self.writer.positions(self.src.name)]
+            self.durable_lsn = min(others) if others else pack_cluster_time(cluster_time(self.client))
+            self._raise(self.durable_lsn)
+        last = self.writer.last_durable_page(self.src.name, self.state.snapshot_id)
+        if last is None:
+            return 0, None
+        if last.after_key is None or last.complete:  # the last page is durable; only the row was left
+            return -1, None
+        return last.page_number + 1, from_ext_json(last.after_key[0])
+
+    def _raise(self, lsn: int) -> None:
+        self.durable_lsn = max(self.durable_lsn, lsn)
+        pos = WriterPosition(
+            self.src.name, self.writer_id, WriterKind.SNAPSHOT, self.durable_lsn, self.durable_lsn, self.state.to_json()
+        )
+        self.writer.raise_position(pos, self.started_at)
+
+    def _check_key_types(self) -> None:
+        """Refuse a collection whose `_id`s span several BSON comparison brackets.
+
+        Paging by `_id > last` compares within one bracket only (numbers together, strings, ObjectIds,
+        ...), so such a collection would be read only in part. Index order groups brackets, so the
+        first and last `_id` tell.
+        """
+        coll = self.client[self.ns.db][self.ns.coll or ""]
+        types = []
+        for direction in (1, -1):
+            doc = coll.find_one({}, projection={"_id": 1}, sort=[("_id", direction)])
+            if doc is not None:
+                types.append(comparison_bracket(doc["_id"]))
+        if len(set(types)) > 1:
+            raise SourceError(
+                f"sources.{self.src.name}: {self.ns.qualified} has _id values of several BSON types "
+                f"({' and '.join(types)}); snapshot pages are read by `_id > last`, which MongoDB compares "
+                "within one type only: not supported"
+            )
+
+    def _read_page(self, page_number: int, after: Any) -> SnapshotPage:
+        db = self.client[self.ns.db]
+        size = self.src.snapshot_page_size
+        query: dict[str, Any] = {"_id": {"$gt": after}} if after is not None else {}
+        read_at = time.time()
+        try:
+            reply = db.command(
+                "find",
+                self.ns.coll,
+                filter=query,
+                sort={"_id": 1},
+                limit=size,
+                batchSize=size,
+                readConcern=SNAPSHOT_READ_CONCERN,
+            )
+        except OperationFailure as e:
+            raise SourceError(f"sources.{self.src.name}: snapshot read of {self.ns.qualified} failed: {e}") from e
+        cursor = reply["cursor"]
+        docs = cursor["firstBatch"]
+        if cursor.get("id"):  # the batch hit the 16 MB reply limit: the page ends early, the next goes on
+            db.command("killCursors", self.ns.coll, cursors=[cursor["id"]])
+        at = cursor.get("atClusterTime")
+        if not isinstance(at, Timestamp):
+            at = self._fallback_cluster_time()
+        rows = tuple(SnapshotRow(record_key(d["_id"]), ext_json(d), (ext_json(d["_id"]),)) for d in docs)
+        return SnapshotPage(
+            snapshot_id=self.state.snapshot_id,
+            table_schema=self.ns.db,
+            table_name=self.ns.coll or "",
+            page_number=page_number,
+            last_page=len(docs) < size and not cursor.get("id"),
+            rows=rows,
+            high_watermark_lsn=pack_cluster_time(at),
+            read_at_us=int(read_at * 1_000_000),
+        )
+
+    def _fallback_cluster_time(self) -> Timestamp:
+        """A server that ignores `readConcern: snapshot` (mongo-java-server): its cluster time after the read.
+
+        That is a high watermark, not a snapshot time: exact only if no write races the read.
+        MongoDB itself always returns `atClusterTime` for snapshot reads.
+        """
+        if not self._warned_no_cluster_time:
+            log.warning(
+                "source=%s: the server returned no atClusterTime for a snapshot read; using its cluster time "
+                "after the read (not a consistent snapshot: a write racing the read may be ordered wrongly)",
+                self.src.name,
+            )
+            self._warned_no_cluster_time = True
+        return cluster_time(self.client)

@@ -1,0 +1,95 @@
+"""The MongoDB connection of a source: client, scope, cluster time, and errors a user can act on."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from bson.timestamp import Timestamp
+from pymongo import MongoClient
+from pymongo.errors import OperationFailure, PyMongoError
+
+from ingest.config import MongoSource
+from ingest.errors import SourceError
+from ingest.sources.mongodb.changes import Namespace
+
+log = logging.getLogger(__name__)
+
+SERVER_SELECTION_TIMEOUT_MS = 10_000
+APP_NAME = "changelake-ingest"
+# Server error codes (src/mongo/base/error_codes.yml)
+CHANGE_STREAM_FATAL_ERROR = 280
+CHANGE_STREAM_HISTORY_LOST = 286
+CHANGE_STREAM_NOT_SUPPORTED = 40573  # "$changeStream stage is only supported on replica sets"
+HISTORY_LOST_CODES = frozenset({CHANGE_STREAM_FATAL_ERROR, CHANGE_STREAM_HISTORY_LOST})
+
+
+class StreamHistoryLostError(SourceError):
+    """The stored resume token (or start time) is no longer in the oplog; a re-snapshot is required."""
+
+
+def connect(src: MongoSource) -> MongoClient[dict[str, Any]]:
+    """A client for `src` (tz-aware datetimes, so dates keep their instant); fails fast if unreachable."""
+    client: MongoClient[dict[str, Any]] = MongoClient(
+        src.uri, tz_aware=True, appname=APP_NAME, serverSelectionTimeoutMS=SERVER_SELECTION_TIMEOUT_MS
+    )
+    try:
+        client.admin.command("ping")
+    except PyMongoError as e:
+        client.close()
+        raise SourceError(f"sources.{src.name}: cannot reach MongoDB: {type(e).__name__}: {e}") from None
+    return client
+
+
+def scope(src: MongoSource) -> Namespace:
+    """What the stream watches: one collection when exactly one is configured, else the database."""
+    if src.collections is not None and len(src.collections) == 1:
+        return Namespace(src.database, src.collections[0])
+    return Namespace(src.database, None)
+
+
+def collections(client: MongoClient[dict[str, Any]], src: MongoSource) -> list[str]:
+    """The source's collections: the configured ones, or every non-system collection of the database."""
+    if src.collections is not None:
+        return list(src.collections)
+    names = client[src.database].list_collection_names()
+    return sorted(n for n in names if not n.startswith("system."))
+
+
+def cluster_time(client: MongoClient[dict[str, Any]]) -> Timestamp:
+    """The server's current cluster time: a command's `operationTime`, else the newest oplog entry.
+
+    Replica sets and mongos report `operationTime` on every command. A server that does not (the
+    test server mongo-java-server) is asked for the newest entry of its oplog instead.
+    """
+    reply = client.admin.command("ping")
+    op_time = reply.get("operationTime")
+    if isinstance(op_time, Timestamp):
+        return op_time
+    newest = client.local["oplog.rs"].find_one({}, sort=[("$natural", -1)], projection={"ts": 1})
+    if newest is not None and isinstance(newest.get("ts"), Timestamp):
+        ts: Timestamp = newest["ts"]
+        return ts
+    raise SourceError(
+        "MongoDB reports no cluster time and has no oplog: change streams need a replica set or a sharded "
+        "cluster (a standalone mongod can be converted to a one-member replica set, see docs/mongodb.md)"
+    )
+
+
+def translate(src: MongoSource, e: OperationFailure) -> SourceError:
+    """A change-stream failure as an error that says what to do."""
+    if e.code in HISTORY_LOST_CODES:
+        return StreamHistoryLostError(
+            f"sources.{src.name}: the stream's resume point is no longer in the oplog (code {e.code}: "
+            f"{e.details.get('codeName', '') if e.details else ''}); ingest was stopped for longer than the "
+            "oplog window, so changes were lost. Re-snapshot: set `on_history_lost: resnapshot` on the "
+            "source and run `changelake-ingest run` once (it tombstones the source's collections at the "
+            "current cluster time, restarts the stream there and snapshots every collection), or enlarge "
+            "the oplog (replSetResizeOplog) so this does not recur; see docs/mongodb.md"
+        )
+    if e.code == CHANGE_STREAM_NOT_SUPPORTED:
+        return SourceError(
+            f"sources.{src.name}: the server does not support change streams (code {e.code}): MongoDB must "
+            "run as a replica set or sharded cluster with majority read concern enabled"
+        )
+    return SourceError(f"sources.{src.name}: MongoDB change stream failed (code {e.code}): {e}")

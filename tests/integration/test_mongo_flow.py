@@ -1,0 +1,259 @@
+"""MongoDB change streams and snapshots -> bronze -> `dbt build`, over the real wire protocol.
+
+Backends: mongo-java-server (a third-party MongoDB fake started from its jars, always) and a real
+replica set when MONGODB_URI is set (skipped otherwise). What the fake does not model
+(transactions, invalidate, post-batch tokens, snapshot reads...) is covered by
+tests/unit/sources/mongodb and listed in docs/mongodb.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import bson
+import pytest
+from bson import Decimal128, Int64, ObjectId
+from pymongo import MongoClient
+
+from ingest.bronze.writer import BronzeWriter
+from ingest.config import BatchConfig, MongoSource
+from ingest.events import WriterKind
+from ingest.progress import Progress
+from ingest.sources.mongodb.capture import MongoCapture, parse_stored_token
+from ingest.sources.mongodb.changes import from_ext_json, record_key
+from tests.conftest import bronze_events
+from tests.integration.test_dbt_flow import dbt, silver
+from tests.mongo.server import mongo_java_server
+
+pytestmark = pytest.mark.integration
+LIVE_URI_ENV = "MONGODB_URI"
+
+
+@pytest.fixture(scope="module", params=["mongo-java-server", "live"])
+def mongo_uri(request: pytest.FixtureRequest) -> Iterator[str]:
+    if request.param == "live":
+        uri = os.environ.get(LIVE_URI_ENV)
+        if not uri:
+            pytest.skip(f"live MongoDB tests need {LIVE_URI_ENV} (a replica set URI); none is set")
+        yield uri
+    else:
+        with mongo_java_server() as uri:
+            yield uri
+
+
+@pytest.fixture
+def mongo_db(mongo_uri: str) -> Iterator[Any]:
+    """A throwaway database (dropped at teardown)."""
+    client: MongoClient[dict[str, Any]] = MongoClient(mongo_uri, tz_aware=True, serverSelectionTimeoutMS=10_000)
+    name = f"cl_{secrets.token_hex(4)}"
+    yield client[name]
+    client.drop_database(name)
+    client.close()
+
+
+def source(uri: str, db: Any, **extra: Any) -> MongoSource:
+    return MongoSource(
+        kind="mongodb",
+        name=f"m_{db.name[3:]}",
+        uri=uri,
+        database=db.name,
+        collections=["products"],
+        max_await_seconds=0.3,
+        **extra,
+    )
+
+
+def capture_once(spark: Any, warehouse: Path, src: MongoSource) -> MongoCapture:
+    cap = MongoCapture(
+        src,
+        BatchConfig(max_events=1000, max_seconds=5),
+        BronzeWriter(spark, warehouse),
+        Progress(src.name, enabled=False),
+    )
+    cap.run(once=True, should_stop=lambda: False)
+    return cap
+
+
+def product(i: int) -> dict[str, Any]:
+    return {
+        "_id": ObjectId(f"{i:024x}"),
+        "name": f"p{i}",
+        "price": Decimal128(f"{i}.99"),
+        "qty": i,
+        "views": Int64(1 << 40 | i),
+        "in_stock": i % 2 == 0,
+        "added_at": datetime(2024, 1, i, 12, 0, 0, 123000, tzinfo=UTC),
+        "tags": ["a", {"n": i}],
+        "blob": bson.Binary(bytes([i, 0, 255])),
+    }
+
+
+def same_bson(a: Any, b: Any) -> bool:
+    return bson.encode(a) == bson.encode(b)
+
+
+def writers(spark: Any, warehouse: Path, name: str) -> dict[str, Any]:
+    return {p.writer_id: p for p, _ in BronzeWriter(spark, warehouse).positions(name)}
+
+
+def test_snapshot_then_stream_into_bronze(spark: Any, warehouse: Path, mongo_uri: str, mongo_db: Any) -> None:
+    coll = mongo_db.products
+    coll.insert_many([product(i) for i in range(1, 8)])
+    src = source(mongo_uri, mongo_db, snapshot_page_size=3)
+
+    # First run: the stream registers, the snapshot reads 7 documents in _id order, 3 per page.
+    cap = capture_once(spark, warehouse, src)
+    assert cap.snapshots_done == [f"{mongo_db.name}.products"]
+    pages = (
+        spark.read.format("delta")
+        .load(str(warehouse / "bronze/snapshot_pages"))
+        .where(f"source = '{src.name}'")
+        .orderBy("page_number", "row_index")
+        .collect()
+    )
+    assert [(p.page_number, p.row_index, p.last_page) for p in pages] == [
+        (0, 0, False),
+        (0, 1, False),
+        (0, 2, False),
+        (1, 0, False),
+        (1, 1, False),
+        (1, 2, False),
+        (2, 0, True),
+    ]
+    assert all(p.snapshot_xmin is None and p.snapshot_xip is None and p.source_kind == "mongodb" for p in pages)
+    assert all(p.high_watermark_lsn > 0 for p in pages)
+    assert [p.record_pk for p in pages] == [record_key(product(i)["_id"]) for i in range(1, 8)]
+    assert all(same_bson(from_ext_json(p.record), product(i)) for p, i in zip(pages, range(1, 8), strict=True))
+    assert [from_ext_json(p.key_text[0]) for p in pages] == [product(i)["_id"] for i in range(1, 8)]
+    rows = writers(spark, warehouse, src.name)
+    assert list(rows) == ["stream"]  # the snapshot's row is removed when its last page is durable
+    assert rows["stream"].writer_kind == WriterKind.STREAM
+    assert bronze_events(spark, warehouse, src.name) == []  # the pre-existing documents are not events
+
+    # Changes while streaming: insert, update, replace, delete.
+    coll.insert_one(product(8))
+    coll.update_one({"_id": product(2)["_id"]}, {"$set": {"qty": 20}, "$unset": {"blob": ""}})
+    coll.replace_one({"_id": product(3)["_id"]}, {"name": "replaced", "qty": 30})
+    coll.delete_one({"_id": product(4)["_id"]})
+    capture_once(spark, warehouse, src)
+    events = bronze_events(spark, warehouse, src.name)
+    assert [e.action for e in events] == ["insert", "update", "update", "delete"]
+    assert [e.record_pk for e in events] == [record_key(product(i)["_id"]) for i in (8, 2, 3, 4)]
+    assert all(
+        e.source_kind == "mongodb" and e.table_schema == mongo_db.name and e.table_name == "products" for e in events
+    )
+    positions = [(e.commit_lsn, e.commit_index) for e in events]
+    assert positions == sorted(positions) and len(set(positions)) == 4
+    assert same_bson(from_ext_json(events[0].record), product(8))
+    assert from_ext_json(events[1].record)["qty"] == 20 and "blob" not in from_ext_json(events[1].record)
+    assert from_ext_json(events[2].record) == {"_id": product(3)["_id"], "name": "replaced", "qty": 30}
+    assert events[3].record is None and events[3].old_record == record_key(product(4)["_id"])
+    assert all(e.commit_lsn > pages[-1].high_watermark_lsn for e in events)  # later than the snapshot
+    stream = writers(spark, warehouse, src.name)["stream"]
+    assert stream.durable_lsn == events[-1].commit_lsn
+    stored = parse_stored_token(stream.resume_token)
+    assert stored is not None and stored[0] == "resumeAfter"
+
+    # A run with nothing new resumes after the token and writes nothing; then one more change.
+    capture_once(spark, warehouse, src)
+    assert len(bronze_events(spark, warehouse, src.name)) == 4
+    coll.update_one({"_id": product(5)["_id"]}, {"$inc": {"qty": 1}})
+    capture_once(spark, warehouse, src)
+    events = bronze_events(spark, warehouse, src.name)
+    assert [e.action for e in events] == ["insert", "update", "update", "delete", "update"]
+    assert from_ext_json(events[-1].record)["qty"] == 6
+
+    # Dropping the collection tombstones it like a truncate.
+    coll.drop()
+    capture_once(spark, warehouse, src)
+    last = bronze_events(spark, warehouse, src.name)[-1]
+    assert last.action == "truncate" and last.truncated_tables == [f"{mongo_db.name}.products"]
+
+
+def test_stream_to_dbt_consumer_records_equal_the_collection(
+    spark: Any, warehouse: Path, mongo_uri: str, mongo_db: Any
+) -> None:
+    coll = mongo_db.products
+    coll.insert_one({"_id": ObjectId(), "placeholder": True})  # the collection exists before the stream
+    src = source(mongo_uri, mongo_db)
+    coll.delete_many({})
+    seeded = {i: product(i) for i in (9, 10)}  # before the first run: they arrive by the snapshot
+    coll.insert_many(list(seeded.values()))
+    capture_once(spark, warehouse, src)
+    live = {i: product(i) for i in range(1, 9)}
+    for doc in live.values():
+        coll.insert_one(doc)
+    coll.update_one({"_id": seeded[10]["_id"]}, {"$set": {"qty": 1000}})  # a streamed change over a page row
+    live.update({9: seeded[9], 10: coll.find_one({"_id": seeded[10]["_id"]})})
+    for i in (2, 5):
+        coll.update_one({"_id": live[i]["_id"]}, {"$set": {"qty": i * 10, "price": Decimal128("0.50")}})
+        live[i] = coll.find_one({"_id": live[i]["_id"]})
+    coll.replace_one({"_id": live[3]["_id"]}, {"name": "p3 v2", "qty": 33})
+    live[3] = coll.find_one({"_id": live[3]["_id"]})
+    for i in (4, 7):
+        coll.delete_one({"_id": live[i]["_id"]})
+        gone = live.pop(i)
+        assert gone
+    capture_once(spark, warehouse, src)
+
+    dbt(
+        warehouse,
+        "build",
+        "--vars",
+        json.dumps({"changelake_mongodb_demo_source": src.name, "changelake_mongodb_demo_database": mongo_db.name}),
+    )
+    recs = [r for r in silver(spark, warehouse, "consumer_records") if r.source == src.name]
+    current = {r.record_pk: r.record for r in recs if not r.deleted}
+    assert set(current) == {record_key(d["_id"]) for d in live.values()}
+    for d in live.values():
+        assert same_bson(from_ext_json(current[record_key(d["_id"])]), d)  # every BSON type survives
+    assert {r.record_pk for r in recs if r.deleted} == {record_key(product(i)["_id"]) for i in (4, 7)}
+    assert {r.table_schema for r in recs} == {mongo_db.name}
+    origins = {r.record_pk: r.origin for r in recs}
+    assert origins[record_key(seeded[9]["_id"])] == "snapshot"
+    assert origins[record_key(seeded[10]["_id"])] == "stream"
+
+    events = [r for r in silver(spark, warehouse, "sequin_events") if r.source == src.name]
+    assert len(events) == len(bronze_events(spark, warehouse, src.name)) == 8 + 1 + 2 + 1 + 2
+    assert sorted(r.seq for r in events) == list(range(1, 15))
+
+    gold = {
+        r["_id"]: r
+        for r in spark.read.format("delta").load(str(warehouse / "dbt" / "gold.db" / "shop__products")).collect()
+    }
+    p1 = gold[str(product(1)["_id"])]
+    assert (p1.name, str(p1.price), p1.qty, p1.views, p1.in_stock) == ("p1", "1.99", 1, 1 << 40 | 1, False)
+    # pyspark returns a naive datetime in the local zone: compare instants
+    assert p1.added_at.timestamp() == datetime(2024, 1, 1, 12, 0, 0, 123000, tzinfo=UTC).timestamp()
+    assert json.loads(p1.tags) == ["a", {"n": {"$numberInt": "1"}}]
+    p2 = gold[str(product(2)["_id"])]
+    assert (p2.qty, str(p2.price)) == (20, "0.50")
+    assert gold[str(product(3)["_id"])].price is None  # replaced without a price
+    assert set(gold) == {str(d["_id"]) for d in live.values()}
+
+
+def test_transaction_events_share_a_commit_lsn_in_order(
+    spark: Any, warehouse: Path, mongo_uri: str, mongo_db: Any, request: pytest.FixtureRequest
+) -> None:
+    if request.node.callspec.params["mongo_uri"] == "mongo-java-server":
+        pytest.skip("mongo-java-server has no sessions or transactions (unit-tested in tests/unit/sources/mongodb)")
+    coll = mongo_db.products
+    coll.insert_one(product(1))
+    src = source(mongo_uri, mongo_db)
+    capture_once(spark, warehouse, src)
+    with coll.database.client.start_session() as session, session.start_transaction():
+        coll.insert_one(product(2), session=session)
+        coll.update_one({"_id": product(1)["_id"]}, {"$set": {"qty": 7}}, session=session)
+        coll.delete_one({"_id": product(2)["_id"]}, session=session)
+        coll.insert_one(product(2), session=session)  # insert -> delete -> insert: the row is present
+    capture_once(spark, warehouse, src)
+    events = bronze_events(spark, warehouse, src.name)
+    assert [e.action for e in events] == ["insert", "update", "delete", "insert"]
+    assert len({e.commit_lsn for e in events}) == 1
+    assert [e.commit_index for e in events] == [0, 1, 2, 3]
