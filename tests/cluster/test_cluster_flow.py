@@ -32,7 +32,6 @@ import yaml
 
 from tests.conftest import ROOT, prepare
 from tests.integration.test_dbt_flow import (
-    DBT,
     SEED,
     TABLES,
     assert_event_log_matches_bronze,
@@ -44,6 +43,7 @@ from tests.integration.test_pg_crash import TD_LINE
 pytestmark = pytest.mark.cluster
 
 CLUSTER_SH = ROOT / "scripts" / "cluster.sh"
+DBT = Path(sys.executable).with_name("dbt")
 UP_TIMEOUT_S = 300
 DOWN_TIMEOUT_S = 120
 STEP_TIMEOUT_S = 600
