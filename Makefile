@@ -10,7 +10,8 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # dbt reads profiles.yml from the project directory
 export DBT_PROFILES_DIR ?= $(CURDIR)
 
-.PHONY: setup pg demo test test-unit test-integration lint bench clean pg-stop
+.PHONY: setup pg demo test test-unit test-integration test-cluster lint bench bench-cluster clean pg-stop \
+	cluster-up cluster-down cluster-status
 
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,6 +40,10 @@ test: setup pg
 test-unit: setup
 	@$(PY) -m pytest tests/unit -q
 
+# The cluster test alone (it starts and stops a cluster of its own on free ports).
+test-cluster: setup pg
+	@CHANGELAKE_PG_DSN="$${CHANGELAKE_PG_DSN:-$$(bash scripts/pg.sh dsn)}" $(PY) -m pytest tests/cluster -q -p no:cacheprovider
+
 lint: setup
 	@$(VENV)/bin/ruff check ingest tests bench demo
 	@$(VENV)/bin/mypy
@@ -46,6 +51,21 @@ lint: setup
 
 bench: setup pg
 	@$(PY) bench/ingest_throughput.py
+
+bench-cluster: setup pg
+	@$(PY) bench/cluster_vs_local.py
+
+# A Spark standalone master + worker + Thrift server on loopback for `dbt build --target cluster`
+# and config/cluster.yml (docs/cluster.md). Ports and sizes: see scripts/cluster.sh.
+cluster-up: setup
+	@bash scripts/cluster.sh up
+	@bash scripts/cluster.sh env
+
+cluster-down:
+	@bash scripts/cluster.sh down
+
+cluster-status:
+	@bash scripts/cluster.sh status
 
 pg-stop:
 	@bash scripts/pg.sh stop

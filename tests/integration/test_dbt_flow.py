@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,11 +58,22 @@ def workload(s: Any, rnd: random.Random, ids: list[int], truncate_lines: bool) -
 
 
 def check_equal(spark: Any, warehouse: Path, s: Any) -> None:
-    """Invariant 1: non-deleted consumer_records equal the source tables; deleted ones are the gone keys."""
-    recs = silver(spark, warehouse, "consumer_records")
-    seen = {(e.table_name, e.record_pk) for e in bronze_events(spark, warehouse, s.name) if e.record_pk}
-    seen |= {(e.table_name, e.old_record_pk) for e in bronze_events(spark, warehouse, s.name) if e.old_record_pk}
-    seen |= {(p.table_name, p.record_pk) for p in snapshot_rows(spark, warehouse, s.name)}
+    """Invariant 1 on the warehouse read by `spark` (see assert_records_match_source)."""
+    bronze = bronze_events(spark, warehouse, s.name)
+    pages = snapshot_rows(spark, warehouse, s.name)
+    assert_records_match_source(silver(spark, warehouse, "consumer_records"), bronze, s, pages)
+
+
+def assert_records_match_source(recs: list[Any], bronze: list[Any], s: Any, pages: Sequence[Any] = ()) -> None:
+    """Invariant 1: non-deleted consumer_records equal the source tables; deleted ones are the gone keys.
+
+    `recs` are consumer_records rows, `bronze` the source's wal_events rows and `pages` its
+    snapshot_pages record rows, however they were read (a local SparkSession here, the Thrift
+    server in tests/cluster).
+    """
+    seen = {(e.table_name, e.record_pk) for e in bronze if e.record_pk}
+    seen |= {(e.table_name, e.old_record_pk) for e in bronze if e.old_record_pk}
+    seen |= {(p.table_name, p.record_pk) for p in pages if p.record_pk}
     for table, pk in (("accounts", ["id"]), ("lines", ["account_id", "line_no"])):
         live = {r.record_pk: json.loads(r.record) for r in recs
                 if r.source == s.name and r.table_name == table and not r.deleted}
@@ -73,13 +85,17 @@ def check_equal(spark: Any, warehouse: Path, s: Any) -> None:
 
 
 def check_event_log(spark: Any, warehouse: Path, s: Any) -> None:
+    """Invariant 2 on the warehouse read by `spark` (see assert_event_log_matches_bronze)."""
+    bronze = bronze_events(spark, warehouse, s.name)
+    assert_event_log_matches_bronze(silver(spark, warehouse, "sequin_events"), bronze, s)
+
+
+def assert_event_log_matches_bronze(events: list[Any], bronze: list[Any], s: Any) -> None:
     """Invariant 2: sequin_events is bronze's change history, once each, seq in position order."""
-    events = sorted((r for r in silver(spark, warehouse, "sequin_events") if r.source == s.name),
-                    key=lambda r: r.seq)
+    events = sorted((r for r in events if r.source == s.name), key=lambda r: r.seq)
     positions = [(r.commit_lsn, r.commit_index) for r in events]
     assert positions == sorted(positions) and len(set(positions)) == len(positions)
-    bronze = [(e.commit_lsn, e.commit_index) for e in bronze_events(spark, warehouse, s.name)]
-    assert positions == bronze
+    assert positions == [(e.commit_lsn, e.commit_index) for e in bronze]
 
 
 def test_ingest_and_dbt_build_reproduce_the_source(spark: Any, warehouse: Path, make_source: Any) -> None:
