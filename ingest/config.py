@@ -41,6 +41,9 @@ class SnapshotSettings(_Strict):
 
     initial: bool = True  # snapshot every configured table that never completed a snapshot
     page_rows: Annotated[int, Field(gt=0, le=1_000_000)] = 10_000
+    # Where dbt's consumer_records is, to re-read keys it marks needs_reread (default:
+    # <warehouse>/dbt/silver.db/consumer_records, the local profile's location).
+    reread_from: str | None = None
 
 
 class PostgresSource(_Strict):

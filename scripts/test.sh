@@ -9,4 +9,4 @@ echo "== ruff"; ruff check ingest tests demo bench
 echo "== mypy --strict"; mypy
 if [ -f dbt_project.yml ]; then echo "== sqlfluff"; bash scripts/sqlfluff.sh; fi
 echo "== pytest"
-python -m pytest tests -q -p no:cacheprovider "$@"
+python -m pytest tests -q -p no:cacheprovider --durations=12 "$@"

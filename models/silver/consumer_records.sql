@@ -169,12 +169,12 @@ new_page_rows as (
     where
         snapshot_pages.record_pk is not null
         and snapshot_pages.high_watermark_lsn <= safe_bounds.safe_lsn
-        {% if is_incremental() %}
-            and (
-                placed_positions.source is null
-                or snapshot_pages.high_watermark_lsn > placed_positions.max_commit_lsn
-            )
-        {% endif %}
+    {% if is_incremental() %}
+        and (
+            placed_positions.source is null
+            or snapshot_pages.high_watermark_lsn > placed_positions.max_commit_lsn
+        )
+    {% endif %}
 
 ),
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 import uuid
@@ -41,6 +42,7 @@ log = logging.getLogger(__name__)
 WATERMARK_PREFIX = "changelake.watermark"
 WRITER_PREFIX = "snapshot-"
 REQUEST_POLL_S = 5.0
+REREAD_POLL_S = 60.0  # how often a continuous run looks in silver for keys to re-read
 POSITION_INTERVAL_S = 2.0  # a running snapshot raises its writer row at most this often (and at its end)
 
 # A test (or an operator's debugging session) may run statements at these moments of a page.
@@ -63,6 +65,7 @@ class SnapshotTask:
     after: tuple[str, ...] | None = None
     until: tuple[str, ...] | None = None  # the largest key when the snapshot started: its last row
     bounded: bool = False  # `until` is known (None with bounded = the table was empty)
+    keys: tuple[tuple[str, ...], ...] | None = None  # a re-read of these keys only (one page)
 
     @property
     def writer_id(self) -> str:
@@ -81,6 +84,8 @@ class SnapshotTask:
         }
         if self.bounded:
             token["until"] = list(self.until) if self.until is not None else None
+        if self.keys is not None:
+            token["keys"] = [list(k) for k in self.keys]
         return WriterPosition(
             source, self.writer_id, WriterKind.SNAPSHOT, self.durable_lsn, self.durable_lsn, json.dumps(token)
         )
@@ -108,6 +113,7 @@ class SnapshotTask:
             token.get("rows_per_s"),
             until=tuple(str(k) for k in until) if until is not None else None,
             bounded="until" in token,
+            keys=tuple(tuple(str(v) for v in k) for k in token["keys"]) if token.get("keys") is not None else None,
         )
 
 
@@ -202,11 +208,23 @@ class PageReader:
         cols = sql.SQL(", ").join(sql.Identifier(c) for c in shape.columns)
         keys = sql.SQL(", ").join(sql.Identifier(shape.columns[i]) for i in shape.key_positions)
         params: list[bytes | None] = []
-        where: sql.Composable = sql.SQL("")
+        conds: list[sql.Composable] = []
+        casts = sql.SQL(", ").join(sql.SQL("{}::{}").format(sql.Placeholder(), sql.SQL(t)) for t in shape.key_types)
+        if task.keys is not None:  # a re-read of listed keys (DESIGN §6: unchanged TOAST with no image)
+            tuples = sql.SQL(", ").join(sql.SQL("({})").format(casts) for _ in task.keys)
+            conds.append(sql.SQL("({}) in ({})").format(keys, tuples))
+            params += [k.encode() for key in task.keys for k in key]
         if task.after is not None:
-            casts = sql.SQL(", ").join(sql.SQL("{}::{}").format(sql.Placeholder(), sql.SQL(t)) for t in shape.key_types)
-            where = sql.SQL(" where ({}) > ({})").format(keys, casts)
-            params = [k.encode() for k in task.after]
+            conds.append(sql.SQL("({}) > ({})").format(keys, casts))
+            params += [k.encode() for k in task.after]
+        if task.bounded and task.until is None:
+            conds.append(sql.SQL("false"))  # the table was empty when the snapshot started
+        if task.until is not None:
+            # Rows inserted above the starting maximum arrive by the stream: without this bound a
+            # snapshot of a table under insert load could chase its tail forever.
+            conds.append(sql.SQL("({}) <= ({})").format(keys, casts))
+            params += [k.encode() for k in task.until]
+        where: sql.Composable = sql.SQL(" where ") + sql.SQL(" and ").join(conds) if conds else sql.SQL("")
         query = sql.SQL("select {} from only {}{} order by {} limit {}").format(
             cols, ident, where, keys, sql.Literal(limit)
         )
@@ -294,6 +312,7 @@ class Snapshotter:
         self.tasks: list[SnapshotTask] = []
         self.completed: list[SnapshotTask] = []
         self.progress: Progress | None = None  # the stream's progress line shows the running snapshot
+        self._reread_seen: set[tuple[object, ...]] = set()
 
     # -- registration ----------------------------------------------------------------------
     def load(self) -> list[SnapshotTask]:
@@ -310,13 +329,24 @@ class Snapshotter:
             return min(p.durable_lsn for p, _ in rows)  # DESIGN §4: a new writer starts at the safe bound
         return current_lsn()
 
-    def request(self, tables: Sequence[str], current_lsn: Callable[[], int]) -> list[SnapshotTask]:
-        """Register one snapshot writer per table (one Delta commit); they run in request order."""
+    def request(
+        self,
+        tables: Sequence[str],
+        current_lsn: Callable[[], int],
+        keys: Sequence[tuple[tuple[str, ...], ...] | None] | None = None,
+    ) -> list[SnapshotTask]:
+        """Register one snapshot writer per table (one Delta commit); they run in request order.
+
+        With `keys`, the i-th task re-reads only those keys of the i-th table.
+        """
         if not tables:
             return []
         start = self._start_lsn(current_lsn)
         now = datetime.now(UTC)
-        new = [SnapshotTask(t, uuid.uuid4().hex, now, start) for t in tables]
+        new = [
+            SnapshotTask(t, uuid.uuid4().hex, now, start, keys=keys[i] if keys is not None else None)
+            for i, t in enumerate(tables)
+        ]
         self.writer.raise_positions([(t.position(self.src.name), t.started_at) for t in new])
         self.tasks.extend(new)
         for t in new:
@@ -329,6 +359,45 @@ class Snapshotter:
         running = {t.table for t in self.load()}
         return self.request([t for t in self.src.tables if t not in done and t not in running], current_lsn)
 
+    def request_rereads(self, admin: PostgresAdmin, current_lsn: Callable[[], int]) -> list[SnapshotTask]:
+        """Re-read by key the records silver marks `needs_reread` (DESIGN §6: unchanged TOAST, no image).
+
+        Reads dbt's consumer_records by path (`<warehouse>/dbt/silver.db/consumer_records` unless
+        `snapshot.reread_from` says otherwise); nothing to do if dbt has not built it yet. Each key
+        is requested once per state of its record in this process.
+        """
+        path = self.src.snapshot.reread_from or str(self.writer.root.parent / "dbt" / "silver.db" / "consumer_records")
+        if path.startswith("/") and not os.path.isdir(os.path.join(path, "_delta_log")):
+            return []
+        spark = self.writer.spark
+        try:
+            df = spark.read.format("delta").load(path)
+            rows = (
+                df.where((df.source == self.src.name) & df.needs_reread & ~df.deleted)
+                .select("table_schema", "table_name", "record_pk", "commit_lsn", "commit_index")
+                .collect()
+            )
+        except Exception as e:  # silver is optional to ingest: say why nothing is re-read, go on
+            log.warning("no re-read of needs_reread keys source=%s path=%s error=%s", self.src.name, path, e)
+            return []
+        by_table: dict[str, list[tuple[str, ...]]] = {}
+        for r in rows:
+            seen = (r.table_schema, r.table_name, r.record_pk, r.commit_lsn, r.commit_index)
+            table = f"{r.table_schema}.{r.table_name}"
+            if seen in self._reread_seen or table not in self.src.tables:
+                continue
+            self._reread_seen.add(seen)
+            values = json.loads(r.record_pk).values()
+            by_table.setdefault(table, []).append(tuple(v if isinstance(v, str) else json.dumps(v) for v in values))
+        tables, keys = [], []
+        for table, ks in by_table.items():
+            for i in range(0, len(ks), self.page_rows):
+                tables.append(table)
+                keys.append(tuple(ks[i : i + self.page_rows]))
+        if tables:
+            log.info("re-reading keys source=%s keys=%d", self.src.name, sum(len(k) for k in keys))
+        return self.request(tables, current_lsn, keys)
+
     # -- running ---------------------------------------------------------------------------
     def run(self, should_stop: Callable[[], bool], poll_requests: bool = False) -> None:
         """Run the registered snapshots to completion (and, with `poll_requests`, new ones as they come)."""
@@ -336,7 +405,8 @@ class Snapshotter:
         admin = PostgresAdmin(self.src)
         try:
             types = TypeCatalog.from_rows(admin.type_catalog_rows(TYPE_CATALOG_SQL))
-            last_poll = time.monotonic()
+            self.request_rereads(admin, reader.current_lsn)
+            last_poll = last_reread = time.monotonic()
             while not should_stop():
                 if not self.tasks:
                     if not poll_requests:
@@ -344,6 +414,9 @@ class Snapshotter:
                     if time.monotonic() - last_poll >= REQUEST_POLL_S:
                         self.load()
                         last_poll = time.monotonic()
+                    if time.monotonic() - last_reread >= REREAD_POLL_S:
+                        self.request_rereads(admin, reader.current_lsn)
+                        last_reread = time.monotonic()
                     else:
                         time.sleep(0.2)
                     continue
@@ -376,13 +449,18 @@ class Snapshotter:
             log.info("snapshot resumed source=%s table=%s page=%d rows=%d", self.src.name, task.table, page, task.rows)
         if task.estimated_rows is None:
             task.estimated_rows = self._estimate(admin, task.table)
-        if not task.bounded:
+        if not task.bounded and task.keys is None:
             task.until, task.bounded = reader.max_key(shape), True
         t0, rows0 = time.monotonic(), task.rows
         last_raise = 0.0
         while not should_stop():
             read = reader.read_page(shape, encoders, task, page, self.page_rows)
-            is_last = task.until is None or len(read.rows) < self.page_rows or read.rows[-1].key_text == task.until
+            is_last = (
+                task.keys is not None
+                or task.until is None
+                or len(read.rows) < self.page_rows
+                or read.rows[-1].key_text == task.until
+            )
             hw = reader.watermark(task, page)
             self.writer.append_page(
                 self.src.name,
