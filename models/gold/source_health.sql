@@ -1,5 +1,5 @@
--- One row per source: its safe bound, how far silver lags behind what ingest has observed, and
--- recent activity, as of this run.
+-- One row per source: its safe bound, how far silver lags behind what ingest has observed, recent
+-- activity and snapshot progress, as of this run.
 
 with
 
@@ -12,6 +12,43 @@ safe_bounds as (
 sequin_events as (
 
     select * from {{ ref('sequin_events') }}
+
+),
+
+stream_positions as (
+
+    select * from {{ source('bronze', 'stream_positions') }}
+
+),
+
+snapshot_pages as (
+
+    select * from {{ source('bronze', 'snapshot_pages') }}
+
+),
+
+running_snapshots as (
+
+    -- A snapshot writer's resume_token carries its progress (docs/snapshots.md).
+    select
+        source,
+        count(*) as snapshots_running,
+        sum(cast(get_json_object(resume_token, '$.rows') as bigint)) as snapshot_rows_read,
+        sum(cast(get_json_object(resume_token, '$.estimated_rows') as bigint)) as snapshot_rows_estimated
+    from stream_positions
+    where writer_kind = 'snapshot'
+    group by source
+
+),
+
+completed_snapshots as (
+
+    select
+        source,
+        count(distinct snapshot_id) as snapshots_completed
+    from snapshot_pages
+    where last_page
+    group by source
 
 ),
 
@@ -44,10 +81,18 @@ final as (
         coalesce(event_activity.events_last_hour, 0) as events_last_hour,
         safe_bounds.writer_count,
         safe_bounds.positions_updated_at,
+        coalesce(running_snapshots.snapshots_running, 0) as snapshots_running,
+        coalesce(running_snapshots.snapshot_rows_read, 0) as snapshot_rows_read,
+        running_snapshots.snapshot_rows_estimated,
+        coalesce(completed_snapshots.snapshots_completed, 0) as snapshots_completed,
         current_timestamp() as measured_at
     from safe_bounds
     left join event_activity
         on safe_bounds.source = event_activity.source
+    left join running_snapshots
+        on safe_bounds.source = running_snapshots.source
+    left join completed_snapshots
+        on safe_bounds.source = completed_snapshots.source
 
 )
 
