@@ -120,7 +120,17 @@ def main() -> None:
                     "warehouse": str(work / "warehouse"),
                     "spark": {"conf": {"spark.driver.memory": "2g"}},
                     "batch": {"max_events": 200_000, "max_seconds": 10},
-                    "sources": [{"kind": "postgres", "name": name, "dsn": d, "tables": [f"{schema}.events"]}],
+                    "sources": [
+                        {
+                            "kind": "postgres",
+                            "name": name,
+                            "dsn": d,
+                            "tables": [f"{schema}.events"],
+                            # The stream alone, as pg_recvlogical reads it: no initial table snapshot
+                            # (bench/snapshot_lag.py measures snapshots beside the stream).
+                            "snapshot": {"initial": False},
+                        }
+                    ],
                 }
             )
         )

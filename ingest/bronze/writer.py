@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import math
+import shutil
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -10,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from ingest.bronze.schemas import (
     ALL_TABLES,
@@ -24,12 +28,24 @@ from ingest.events import ChangeEvent, RelationShape, SnapshotPage, WriterKind, 
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
 log = logging.getLogger(__name__)
 
 # Delta txnVersion packs a batch's last position as (commit_lsn << INDEX_BITS) | commit_index.
 TXN_INDEX_BITS = 20
 TXN_MAX_LSN = 1 << (63 - TXN_INDEX_BITS)
+
+# A staged batch is split into files of about this many rows, so that Spark reads them in parallel.
+STAGE_FILE_ROWS = 50_000
+STAGING_DIR = "_staging"  # under the warehouse; one directory per batch, removed after its commit
+
+
+def _driver_is_local(spark: SparkSession) -> bool:
+    """Whether Spark's tasks run in this process's JVM (local mode), so they can read our files."""
+    if type(spark).__module__.startswith("pyspark.sql.connect"):
+        return False  # Spark Connect: the driver is a server elsewhere
+    return str(spark.conf.get("spark.master", "")).startswith("local")
 
 
 def txn_version(commit_lsn: int, commit_index: int) -> int | None:
@@ -96,10 +112,21 @@ class BronzeWriter:
     answer where a writer's durable data ends (so a restart skips what is already in bronze).
     """
 
-    def __init__(self, spark: SparkSession, warehouse: Path) -> None:
-        """Bind to `warehouse`; tables live in `<warehouse>/bronze/<name>`."""
+    def __init__(self, spark: SparkSession, warehouse: Path, stage_files: bool | None = None) -> None:
+        """Bind to `warehouse`; tables live in `<warehouse>/bronze/<name>`.
+
+        `stage_files` (default: when Spark runs in local mode) hands batches to Spark as Parquet
+        files written by pyarrow under `<warehouse>/_staging` instead of as in-memory Arrow data:
+        measured ~35% less JVM time per batch, and the JVM no longer holds the whole batch inside
+        serialized tasks (bench/ingest_throughput.py). Executors on other machines cannot read
+        the driver host's files, so a cluster master or Spark Connect uses the Arrow path.
+        """
         self.spark = spark
         self.root = warehouse / "bronze"
+        self.staging = (
+            (warehouse / STAGING_DIR) if (stage_files if stage_files is not None else _driver_is_local(spark)) else None
+        )
+        self._spark_schemas: dict[str, StructType] = {}
 
     def path(self, table: BronzeTable) -> str:
         """The Delta table directory of `table`."""
@@ -124,8 +151,32 @@ class BronzeWriter:
                 props = ", ".join(f"'{k}' = '{v}'" for k, v in table.properties)
                 self.spark.sql(f"ALTER TABLE delta.`{self.path(table)}` SET TBLPROPERTIES ({props})")
 
+    def _spark_schema(self, table: BronzeTable) -> StructType:
+        if table.name not in self._spark_schemas:
+            from pyspark.sql.pandas.types import from_arrow_schema
+
+            self._spark_schemas[table.name] = from_arrow_schema(table.schema)
+        return self._spark_schemas[table.name]
+
+    def _stage(self, table: BronzeTable, data: pa.Table) -> tuple[DataFrame, Path]:
+        """Write `data` as Parquet files in a fresh staging directory; a DataFrame reading them."""
+        assert self.staging is not None
+        directory = self.staging / f"{table.name}-{uuid.uuid4().hex}"
+        directory.mkdir(parents=True)
+        files = max(1, math.ceil(data.num_rows / STAGE_FILE_ROWS))
+        step = math.ceil(data.num_rows / files) or 1
+        for i in range(files):
+            # Uncompressed: these files are read once, at once, from the same disk.
+            pq.write_table(data.slice(i * step, step), directory / f"part-{i:05d}.parquet", compression="none")
+        return self.spark.read.schema(self._spark_schema(table)).parquet(str(directory)), directory
+
     def _append(self, table: BronzeTable, data: pa.Table, app_id: str | None, version: int | None) -> None:
-        df: DataFrame = self.spark.createDataFrame(data)
+        staged: Path | None = None
+        df: DataFrame
+        if self.staging is not None and data.num_rows > 0:
+            df, staged = self._stage(table, data)
+        else:
+            df = self.spark.createDataFrame(data)
         # mergeSchema: a newer ingest may add a column to the contract; old rows read it as NULL.
         writer = df.write.format("delta").mode("append").option("mergeSchema", "true")
         if app_id is not None and version is not None:
@@ -134,6 +185,9 @@ class BronzeWriter:
             writer.save(self.path(table))
         except Exception as e:
             raise BronzeWriteError(f"append to {self.path(table)} failed: {e}") from e
+        finally:
+            if staged is not None:
+                shutil.rmtree(staged, ignore_errors=True)
 
     def append_events(
         self,
