@@ -33,6 +33,9 @@ STREAM_WRITER_ID = "stream"
 READ_TIMEOUT_S = 0.2
 IDLE_POSITION_INTERVAL_S = 10.0  # how often an idle stream raises its row to the observed WAL end
 STATUS_INTERVAL_S = 10.0  # standby status updates even when the server does not ask
+# The first batch of a run is small: a fresh JVM spends seconds warming its Parquet/Delta write
+# path on whatever comes first, and it does so while the next (full) batch decodes, not after it.
+WARMUP_BATCH_EVENTS = 10_000
 
 
 def prepare_source(src: PostgresSource) -> PostgresAdmin:
@@ -211,10 +214,12 @@ class PostgresCapture:
         sent_ack = self.ack_lsn
         wal_end = observed = self.ack_lsn
         skip_below = self.durable_lsn  # re-delivered: committed at or below our durable position
-        max_events, max_seconds = self.batch.max_events, self.batch.max_seconds
+        max_seconds = self.batch.max_seconds
+        max_events = min(self.batch.max_events, WARMUP_BATCH_EVENTS)
 
         def submit() -> None:
-            nonlocal completed
+            nonlocal completed, max_events
+            max_events = self.batch.max_events
             shapes = [sh for sh in builder.new_shapes if sh.shape_hash not in known]
             builder.new_shapes.clear()
             known.update(sh.shape_hash for sh in shapes)
