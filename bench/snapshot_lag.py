@@ -99,6 +99,7 @@ def run_mode(mode: str, spark: Any, d: str, schema: str, table: str, page_rows: 
     conn = psycopg.connect(d, autocommit=True)
     stop_stream = threading.Event()
     out: dict[str, float] = {}
+    thread: threading.Thread | None = None
     t0 = time.monotonic()
     try:
         if mode == "a":
@@ -126,7 +127,8 @@ def run_mode(mode: str, spark: Any, d: str, schema: str, table: str, page_rows: 
         out["consistent_s"] = t_caught - t0
     finally:
         stop_stream.set()
-        time.sleep(0.5)
+        if thread is not None:
+            thread.join(timeout=120)  # its last batch commits before the warehouse is removed
         conn.execute(
             "select pg_terminate_backend(active_pid) from pg_replication_slots where slot_name = %s "
             "and active_pid is not null",
