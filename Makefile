@@ -51,6 +51,7 @@ lint: setup
 
 bench: setup pg
 	@$(PY) bench/ingest_throughput.py
+	@$(PY) bench/decode_ceiling.py
 
 bench-cluster: setup pg
 	@$(PY) bench/cluster_vs_local.py
