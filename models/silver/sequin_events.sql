@@ -74,9 +74,9 @@ change_events as (
     where
         wal_events.action in ('insert', 'update', 'delete', 'truncate')
         and wal_events.commit_lsn <= safe_bounds.safe_lsn
-        {% if is_incremental() and safe_bound_rows is not none %}
-            and {{ source_ranges_predicate('wal_events', 'commit_lsn', scan_ranges) }}
-        {% endif %}
+    {% if is_incremental() and safe_bound_rows is not none %}
+        and {{ source_ranges_predicate('wal_events', 'commit_lsn', scan_ranges) }}
+    {% endif %}
 
 ),
 
