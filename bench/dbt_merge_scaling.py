@@ -570,15 +570,27 @@ def main() -> None:
 
 
 def delta_stats(table: Path) -> tuple[int, int | None]:
-    """(rows, max seq) of a Delta table from the file statistics in its log (no Spark)."""
-    active: dict[str, dict[str, Any]] = {}
+    """(rows, max seq) of a Delta table from the file statistics in its log (no Spark).
+
+    A file is identified by its path and deletion vector (a MERGE on a table with deletion vectors
+    removes a file and adds it back with a new one); the vector's rows are not counted.
+    """
+    active: dict[tuple[str, ...], dict[str, Any]] = {}
+
+    def file_id(entry: dict[str, Any]) -> tuple[str, ...]:
+        dv = entry.get("deletionVector") or {}
+        return (entry["path"], dv.get("storageType", ""), dv.get("pathOrInlineDv", ""), str(dv.get("offset", "")))
+
     for version in sorted((table / "_delta_log").glob("*.json")):
         for line in version.read_text().splitlines():
             action = json.loads(line)
             if "add" in action:
-                active[action["add"]["path"]] = json.loads(action["add"].get("stats") or "{}")
+                stats = json.loads(action["add"].get("stats") or "{}")
+                dv = action["add"].get("deletionVector") or {}
+                stats["numRecords"] = stats.get("numRecords", 0) - dv.get("cardinality", 0)
+                active[file_id(action["add"])] = stats
             elif "remove" in action:
-                active.pop(action["remove"]["path"], None)
+                active.pop(file_id(action["remove"]), None)
     rows = sum(st.get("numRecords", 0) for st in active.values())
     seqs = [st["maxValues"]["seq"] for st in active.values() if "seq" in st.get("maxValues", {})]
     return rows, max(seqs, default=None)

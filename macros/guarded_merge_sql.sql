@@ -15,23 +15,19 @@
         {%- do predicates.append('dbt_internal_dest.' ~ key ~ ' = dbt_internal_source.' ~ key) -%}
     {%- endfor -%}
 
+    {#- The batch arrives as a temporary view over the model's query, which the distinct below and
+        each pass of the MERGE would otherwise run again (Delta reads the source twice and does
+        not use a cached view). It is written once to a Delta table next to the target instead;
+        the model's post-hook drops it. -#}
+    {%- set batch = target.incorporate(path={'identifier': target.identifier ~ '__dbt_batch'}) -%}
+    {%- if execute -%}
+        {%- do run_query('create or replace table ' ~ batch ~ ' using delta as select * from ' ~ source) -%}
+    {%- endif -%}
+
     {%- if prune_columns and execute -%}
-        {%- set batch_partitions = run_query(
-            'select distinct ' ~ prune_columns | join(', ') ~ ' from ' ~ source) -%}
-        {%- set alternatives = [] -%}
-        {%- for row in batch_partitions.rows -%}
-            {%- set equalities = [] -%}
-            {%- for column in prune_columns -%}
-                {%- if row[loop.index0] is none -%}
-                    {%- do equalities.append('dbt_internal_dest.' ~ column ~ ' is null') -%}
-                {%- else -%}
-                    {%- set literal = row[loop.index0] | string | replace('\\', '\\\\') | replace("'", "\\'") -%}
-                    {%- do equalities.append('dbt_internal_dest.' ~ column ~ " = '" ~ literal ~ "'") -%}
-                {%- endif -%}
-            {%- endfor -%}
-            {%- do alternatives.append('(' ~ equalities | join(' and ') ~ ')') -%}
-        {%- endfor -%}
-        {%- do predicates.append('(' ~ (alternatives | join(' or ') if alternatives else 'false') ~ ')') -%}
+        {%- set batch_partitions = query_rows_at_execution(
+            'select distinct ' ~ prune_columns | join(', ') ~ ' from ' ~ batch) -%}
+        {%- do predicates.append(partitions_predicate('dbt_internal_dest', prune_columns, batch_partitions)) -%}
     {%- endif -%}
 
     {#- (a1, a2, ...) > (b1, b2, ...) spelled out, as Spark has no row-value comparison. -#}
@@ -46,7 +42,7 @@
     {%- endfor %}
 
     merge into {{ target }} as dbt_internal_dest
-    using {{ source }} as dbt_internal_source
+    using {{ batch }} as dbt_internal_source
     on {{ predicates | join('\n        and ') }}
     when matched and ({{ newer | join(' or ') }}) then update set *
     when not matched then insert *

@@ -5,6 +5,8 @@
         merge_guard=['commit_lsn', 'commit_index'],
         merge_prune_by=['source', 'table_schema', 'table_name'],
         partition_by=['source', 'table_schema', 'table_name'],
+        tblproperties={'delta.enableDeletionVectors': 'true'},
+        post_hook="drop table if exists {{ this }}__dbt_batch",
     )
 }}
 
@@ -12,6 +14,88 @@
 -- (DESIGN §6), snapshot page rows included where DESIGN §5 places them. Each run folds the new
 -- events and the newly usable page rows of every touched key, in position order, over the key's
 -- current row; the result is merged with a position guard (macro guarded_merge_sql).
+
+{% if is_incremental() %}
+    {#- Where each source stands and which partitions this run touches, looked up before the main
+        query is planned: as literals they let Delta skip the already folded sequin_events files,
+        the placed snapshot pages and the stored partitions the batch does not touch (the joins
+        below still decide exactly). Parse time and unit tests keep the plain queries. -#}
+    {%- set stored_positions_query -%}
+        -- Every applied event left its seq on some row, so events up to the source's max seq here
+        -- are folded in. A page whose watermark is at or below the max stored position was under
+        -- the safe bound of an earlier run, so it was placed then.
+        select
+            source,
+            max(seq) as max_seq,
+            max(commit_lsn) as max_commit_lsn
+        from {{ this }}
+        group by source
+    {%- endset -%}
+    {%- set stored_rows = query_rows_at_execution(stored_positions_query) -%}
+    {%- set safe_bound_rows = query_rows_at_execution('select source, safe_lsn from ' ~ ref('safe_bounds')) -%}
+    {%- if stored_rows is not none -%}
+        {%- set event_ranges = [] -%}
+        {%- for stored in stored_rows -%}
+            {#- seq is unique: the first unfolded event is max_seq + 1 (an inclusive max_seq would
+                keep every file holding the last folded event). -#}
+            {%- do event_ranges.append({
+                'source': stored.source,
+                'low': stored.max_seq + 1 if stored.get('max_seq') is not none else none,
+                'high': none,
+            }) -%}
+        {%- endfor -%}
+        {%- set page_ranges = [] -%}
+        {%- for bound in safe_bound_rows -%}
+            {%- set stored = (stored_rows | selectattr('source', 'equalto', bound.source) | list) -%}
+            {%- do page_ranges.append({
+                'source': bound.source,
+                'low': stored[0].get('max_commit_lsn') if stored else none,
+                'high': bound.get('safe_lsn'),
+            }) -%}
+        {%- endfor -%}
+        {#- New events of a source with stored rows (seq above its max) / of any other source. -#}
+        {%- set stored_source_events_filter = source_ranges_predicate('sequin_events', 'seq', event_ranges) -%}
+        {%- set other_source_events_filter = 'not ' ~ partitions_predicate('sequin_events', ['source'], stored_rows) -%}
+        {%- set new_pages_filter = source_ranges_predicate('snapshot_pages', 'high_watermark_lsn', page_ranges) -%}
+        {%- set touched_partitions_query -%}
+            with new_events as (
+                select source, table_schema, table_name, action, truncated_tables
+                from {{ ref('sequin_events') }} as sequin_events
+                where {{ stored_source_events_filter }}
+                union all
+                select source, table_schema, table_name, action, truncated_tables
+                from {{ ref('sequin_events') }} as sequin_events
+                where {{ other_source_events_filter }}
+            )
+            select new_events.source, new_events.table_schema, new_events.table_name
+            from new_events
+            where new_events.action != 'truncate'
+            union
+            select
+                new_events.source,
+                substring_index(truncated.truncated_table, '.', 1) as table_schema,
+                substring(
+                    truncated.truncated_table,
+                    length(substring_index(truncated.truncated_table, '.', 1)) + 2
+                ) as table_name
+            from new_events
+                lateral view explode(new_events.truncated_tables) truncated as truncated_table
+            where new_events.action = 'truncate'
+            union
+            select snapshot_pages.source, snapshot_pages.table_schema, snapshot_pages.table_name
+            from {{ source('bronze', 'snapshot_pages') }} as snapshot_pages
+            where {{ new_pages_filter }} and snapshot_pages.record_pk is not null
+        {%- endset -%}
+        {%- set touched_partitions = query_rows_at_execution(touched_partitions_query) -%}
+        {%- set page_bounds_query -%}
+            select snapshot_pages.source, max(snapshot_pages.high_watermark_lsn) as high
+            from {{ source('bronze', 'snapshot_pages') }} as snapshot_pages
+            where {{ new_pages_filter }} and snapshot_pages.record_pk is not null
+            group by snapshot_pages.source
+        {%- endset -%}
+        {%- set page_event_ranges = query_rows_at_execution(page_bounds_query) -%}
+    {%- endif -%}
+{% endif %}
 
 with
 
@@ -36,32 +120,27 @@ snapshot_pages as (
 {% if is_incremental() %}
     current_records as (
 
-        select * from {{ this }}
+        -- Only the partitions this run touches are read (the stored rows of other tables cannot
+        -- change).
+        select * from {{ this }} as stored_records
+        {% if stored_rows is not none %}
+            where {{ partitions_predicate(
+                'stored_records', ['source', 'table_schema', 'table_name'], touched_partitions
+            ) }}
+        {% endif %}
 
     ),
 
-    applied_positions as (
+    stored_positions as (
 
-    -- Every applied event left its seq on some row, so events up to the source's max seq here are
-    -- folded in. An event that changed no row (e.g. a truncate of an empty table) is simply
-    -- folded again next run, which changes nothing.
-        select
-            source,
-            max(seq) as max_seq
-        from current_records
-        group by source
-
-    ),
-
-    placed_positions as (
-
-    -- A page whose watermark is at or below a stored position was under the safe bound of an
-    -- earlier run, so it was placed then. Pages above it are placed (again: idempotently) now.
-        select
-            source,
-            max(commit_lsn) as max_commit_lsn
-        from current_records
-        group by source
+        -- An event that changed no row (e.g. a truncate of an empty table) is simply folded again
+        -- next run, which changes nothing. Pages above max_commit_lsn are placed (again:
+        -- idempotently) now.
+        {{ rows_as_relation(stored_rows, [
+            ['source', 'string'],
+            ['max_seq', 'bigint'],
+            ['max_commit_lsn', 'bigint'],
+        ], stored_positions_query) }}
 
     ),
 {% endif %}
@@ -71,11 +150,23 @@ new_events as (
     select sequin_events.*
     from sequin_events
     {% if is_incremental() %}
-        left join applied_positions
-            on sequin_events.source = applied_positions.source
+        -- Above the stored max seq of a source with stored rows (none when they all come from
+        -- snapshot pages: then every event), or every event of a source without stored rows.
+        inner join stored_positions
+            on sequin_events.source = stored_positions.source
         where
-            applied_positions.source is null
-            or sequin_events.seq > applied_positions.max_seq
+            sequin_events.seq > coalesce(stored_positions.max_seq, 0)
+            {% if stored_rows is not none %}
+                and {{ stored_source_events_filter }}
+            {% endif %}
+        union all
+        select sequin_events.*
+        from sequin_events
+        left anti join stored_positions
+            on sequin_events.source = stored_positions.source
+        {% if stored_rows is not none %}
+            where {{ other_source_events_filter }}
+        {% endif %}
     {% endif %}
 
 ),
@@ -163,17 +254,20 @@ new_page_rows as (
     inner join safe_bounds
         on snapshot_pages.source = safe_bounds.source
     {% if is_incremental() %}
-        left join placed_positions
-            on snapshot_pages.source = placed_positions.source
+        left join stored_positions
+            on snapshot_pages.source = stored_positions.source
     {% endif %}
     where
         snapshot_pages.record_pk is not null
         and snapshot_pages.high_watermark_lsn <= safe_bounds.safe_lsn
     {% if is_incremental() %}
         and (
-            placed_positions.source is null
-            or snapshot_pages.high_watermark_lsn > placed_positions.max_commit_lsn
+            stored_positions.source is null
+            or snapshot_pages.high_watermark_lsn > stored_positions.max_commit_lsn
         )
+        {% if stored_rows is not none %}
+            and {{ new_pages_filter }}
+        {% endif %}
     {% endif %}
 
 ),
@@ -189,7 +283,11 @@ page_key_events as (
         commit_lsn,
         transaction_id
     from sequin_events
-    where action in ('insert', 'update', 'delete')
+    where
+        action in ('insert', 'update', 'delete')
+        {% if is_incremental() and stored_rows is not none %}
+            and {{ source_ranges_predicate('sequin_events', 'commit_lsn', page_event_ranges) }}
+        {% endif %}
     union all
     select
         source,
@@ -199,7 +297,11 @@ page_key_events as (
         commit_lsn,
         transaction_id
     from sequin_events
-    where action = 'update' and old_record_pk is not null and old_record_pk != record_pk
+    where
+        action = 'update' and old_record_pk is not null and old_record_pk != record_pk
+        {% if is_incremental() and stored_rows is not none %}
+            and {{ source_ranges_predicate('sequin_events', 'commit_lsn', page_event_ranges) }}
+        {% endif %}
 
 ),
 
@@ -212,7 +314,11 @@ page_table_truncates as (
         truncated.truncated_table
     from sequin_events
         lateral view explode(sequin_events.truncated_tables) truncated as truncated_table
-    where sequin_events.action = 'truncate'
+    where
+        sequin_events.action = 'truncate'
+        {% if is_incremental() and stored_rows is not none %}
+            and {{ source_ranges_predicate('sequin_events', 'commit_lsn', page_event_ranges) }}
+        {% endif %}
 
 ),
 
