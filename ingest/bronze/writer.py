@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import shutil
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -39,6 +40,27 @@ TXN_MAX_LSN = 1 << (63 - TXN_INDEX_BITS)
 # A staged batch is split into files of about this many rows, so that Spark reads them in parallel.
 STAGE_FILE_ROWS = 50_000
 STAGING_DIR = "_staging"  # under the warehouse; one directory per batch, removed after its commit
+# A staging directory this old belongs to no running commit (a commit takes seconds): it was left
+# by a killed process, and the next writer to start removes it.
+STALE_STAGING_S = 3600.0
+
+
+def remove_stale_staging(staging: Path, older_than_s: float = STALE_STAGING_S) -> int:
+    """Remove batch directories under `staging` last modified more than `older_than_s` ago; returns how many."""
+    if not staging.is_dir():
+        return 0
+    cutoff = time.time() - older_than_s
+    removed = 0
+    for entry in staging.iterdir():
+        try:
+            if entry.is_dir() and entry.stat().st_mtime < cutoff:
+                shutil.rmtree(entry)
+                removed += 1
+        except FileNotFoundError:
+            continue  # removed meanwhile by another writer
+    if removed:
+        log.info("removed stale staging directories staging=%s count=%d", staging, removed)
+    return removed
 
 
 def _driver_is_local(spark: SparkSession) -> bool:
@@ -127,6 +149,8 @@ class BronzeWriter:
             (warehouse / STAGING_DIR) if (stage_files if stage_files is not None else _driver_is_local(spark)) else None
         )
         self._spark_schemas: dict[str, StructType] = {}
+        if self.staging is not None:
+            remove_stale_staging(self.staging)
 
     def path(self, table: BronzeTable) -> str:
         """The Delta table directory of `table`."""
