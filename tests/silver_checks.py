@@ -17,6 +17,7 @@ DBT = Path(sys.executable).with_name("dbt")
 def dbt(warehouse: Path, *args: str) -> str:
     env = dict(
         os.environ,
+        PWD=str(ROOT),  # profiles.yml finds dbt_log4j2.properties through it
         CHANGELAKE_WAREHOUSE=str(warehouse),
         DBT_PROFILES_DIR=str(ROOT),
         DBT_TARGET_PATH=str(warehouse.parent / "dbt-target"),
