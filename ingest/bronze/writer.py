@@ -145,9 +145,9 @@ class BronzeWriter:
         """
         self.spark = spark
         self.root = warehouse / "bronze"
-        self.staging = (
-            (warehouse / STAGING_DIR) if (stage_files if stage_files is not None else _driver_is_local(spark)) else None
-        )
+        if stage_files is None:
+            stage_files = _driver_is_local(spark)
+        self.staging = warehouse / STAGING_DIR if stage_files else None
         self._spark_schemas: dict[str, StructType] = {}
         if self.staging is not None:
             remove_stale_staging(self.staging)
