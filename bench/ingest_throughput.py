@@ -7,6 +7,7 @@ ratio, and the peak RSS of ingest's Python process and of its Spark JVM. A secon
 single transaction of 1M rows (it must stream through in pages, not be held whole).
 
 Usage: .venv/bin/python bench/ingest_throughput.py [--rows 1000000] [--single-txn-rows 1000000]
+       [--batch-events 200000] [--spark-conf KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -55,18 +56,45 @@ def descendants(pid: int) -> list[int]:
     return kids + [g for k in kids for g in descendants(k)]
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a live process has used so far (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def walsenders() -> list[int]:
+    """PostgreSQL walsender processes (they decode the WAL for a replication connection)."""
+    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
+    return [int(line.split()[0]) for line in out.splitlines() if "walsender" in line]
+
+
 class PeakRss(threading.Thread):
-    """Samples the RSS of a process (python) and, separately, the largest of its descendants (the JVM)."""
+    """Samples the RSS of a process (python) and, separately, the largest of its descendants (the JVM),
+    and the CPU time of each and of the walsenders that run meanwhile (last sample before exit)."""
 
     def __init__(self, pid: int) -> None:
         super().__init__(daemon=True)
         self.pid, self.py_peak, self.jvm_peak, self.stop = pid, 0, 0, False
+        self.cpu: dict[str, dict[int, float]] = {"python": {}, "jvm": {}, "walsender": {}}
+        self.wal_before = {p: cpu_seconds(p) for p in walsenders()}
 
     def run(self) -> None:
         while not self.stop:
             self.py_peak = max(self.py_peak, rss_kb(self.pid))
-            self.jvm_peak = max([self.jvm_peak] + [rss_kb(k) for k in descendants(self.pid)])
+            kids = descendants(self.pid)
+            self.jvm_peak = max([self.jvm_peak] + [rss_kb(k) for k in kids])
+            for group, pids in (("python", [self.pid]), ("jvm", kids), ("walsender", walsenders())):
+                for p in pids:
+                    used = cpu_seconds(p) - (self.wal_before.get(p, 0.0) if group == "walsender" else 0.0)
+                    self.cpu[group][p] = max(self.cpu[group].get(p, 0.0), used)
             time.sleep(0.2)
+
+    def cpu_line(self, client: str = "python") -> str:
+        total = {(client if g == "python" else g): sum(v.values()) for g, v in self.cpu.items() if v or g != "jvm"}
+        return ", ".join(f"{g} {s:.1f} s" for g, s in total.items()) + f" (sum {sum(total.values()):.1f} s)"
 
 
 def run_ingest(cfg: Path) -> tuple[float, PeakRss, str, float]:
@@ -106,6 +134,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--single-txn-rows", type=int, default=1_000_000)
+    ap.add_argument("--batch-events", type=int, default=200_000, help="ingest's batch.max_events")
+    ap.add_argument(
+        "--spark-conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark setting for ingest"
+    )
     args = ap.parse_args()
     d = dsn()
     suffix = secrets.token_hex(3)
@@ -123,8 +155,8 @@ def main() -> None:
             yaml.safe_dump(
                 {
                     "warehouse": str(work / "warehouse"),
-                    "spark": {"conf": {"spark.driver.memory": "2g"}},
-                    "batch": {"max_events": 200_000, "max_seconds": 10},
+                    "spark": {"conf": {"spark.driver.memory": "2g", **dict(c.split("=", 1) for c in args.spark_conf)}},
+                    "batch": {"max_events": args.batch_events, "max_seconds": 10},
                     "sources": [
                         {
                             "kind": "postgres",
@@ -174,7 +206,7 @@ def main() -> None:
 
         recv = shutil.which("pg_recvlogical") or next(Path("/usr/lib/postgresql").glob("*/bin/pg_recvlogical"))
         t = time.monotonic()
-        subprocess.run(
+        recv_proc = subprocess.Popen(
             [
                 str(recv),
                 "-d",
@@ -192,9 +224,13 @@ def main() -> None:
                 "-f",
                 "/dev/null",
             ],
-            check=True,
         )
+        recv_cpu = PeakRss(recv_proc.pid)
+        recv_cpu.start()
+        if recv_proc.wait() != 0:
+            raise SystemExit(f"pg_recvlogical failed ({recv_proc.returncode})")
         recv_s = time.monotonic() - t
+        recv_cpu.stop = True
 
         ingest_s, peak, log, started = run_ingest(cfg)
         warm = startup_seconds(log, started) or 0.0
@@ -212,6 +248,9 @@ def main() -> None:
             f"{steady / recv_rate:.2f} (excluding start-up)"
         )
         print(f"peak RSS: python {peak.py_peak / 1024:.0f} MiB, Spark JVM {peak.jvm_peak / 1024:.0f} MiB")
+        recv_line = recv_cpu.cpu_line(client="pg_recvlogical")
+        print(f"CPU time (2 cores), pg_recvlogical run: {recv_line}, over {recv_s:.1f} s of wall clock")
+        print(f"CPU time (2 cores), ingest run: {peak.cpu_line()}, over {ingest_s:.1f} s of wall clock")
         conn.execute("select pg_drop_replication_slot(%s)", (base_slot,))
 
         if args.single_txn_rows:

@@ -56,7 +56,7 @@ def run(cfg: Config, once: bool, source: str | None) -> list[str]:
         prepare_source(s).close()
     for m in mongo:
         _setup_mongo(m)
-    spark = build_spark(cfg.spark)
+    spark = build_spark(cfg.spark, short_lived=once)
     writer = BronzeWriter(spark, cfg.warehouse_path)
     stop = _StopFlag()
     lines = []
@@ -103,7 +103,7 @@ def snapshot(cfg: Config, table: str, source: str | None) -> str:
         names = ", ".join(s.name for s in candidates)
         raise ConfigError(f"{table} is captured by several sources ({names}); pass --source NAME")
     src = candidates[0]
-    spark = build_spark(cfg.spark)
+    spark = build_spark(cfg.spark, short_lived=True)
     task = request_snapshot(src, BronzeWriter(spark, cfg.warehouse_path), table)
     return (
         f"{src.name}: snapshot of {table} requested (writer {task.writer_id}, starting at "
@@ -125,7 +125,7 @@ def status(cfg: Config, source: str | None) -> list[SourceStatus]:
     from ingest.sources.postgres.admin import PostgresAdmin
 
     sources = _selected(cfg, source)
-    spark = build_spark(cfg.spark)
+    spark = build_spark(cfg.spark, short_lived=True)
     writer = BronzeWriter(spark, cfg.warehouse_path)
     out = []
     for s in sources:
