@@ -26,6 +26,7 @@ $(STAMP): requirements.txt pyproject.toml
 setup: $(STAMP)
 	@bash scripts/delta_jars.sh $(PY)
 	@bash scripts/mongo_java_server.sh >/dev/null
+	@$(PY) -m ingest.cds  # the driver JVM's class archive (ingest/cds.py); ~50 s when missing or stale
 
 # The source DSN: CHANGELAKE_PG_DSN if you give one, else the project-owned cluster (started here).
 pg:

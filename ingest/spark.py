@@ -18,14 +18,14 @@ DELTA_CONF = {
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
 }
 # The driver JVM runs inside the ingest process, beside the pgoutput decoder, on a machine that may
-# have 2 cores (bench/ingest_throughput.py prints the CPU time of each). Serial GC: the heap is a few
-# GiB at most, and parallel GC threads would take the decoder's core (JVM CPU -8% measured).
-DRIVER_JAVA_OPTIONS = f"-Dlog4j2.configurationFile=file:{_LOG4J} -XX:+UseSerialGC"
-# A short-lived driver (`run --once`, `status`, `snapshot`) compiles with C1 only: C2 compilation of
-# Spark's and Delta's code costs more CPU than the run recovers (measured on `run --once` over 1M
-# changes: JVM CPU 68 s -> 45 s, start-up 24 s -> 15 s, wall clock -12%). A continuous `run` keeps
-# tiered compilation: over hours, C2's faster code pays for itself.
-SHORT_LIVED_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
+# have 2 cores (bench/ingest_throughput.py prints the CPU time of each).
+DRIVER_JAVA_OPTIONS = f"-Dlog4j2.configurationFile=file:{_LOG4J}"
+# A short-lived driver (`run --once`, `status`, `snapshot`) compiles with C1 only and collects with
+# the serial GC: C2 compilation of Spark's and Delta's code and parallel GC threads cost more CPU
+# than such a run recovers (measured on `run --once` over 1M changes: JVM CPU 74 s -> 47 s,
+# start-up 24 s -> 15-18 s, wall clock -12%). A continuous `run` keeps the JVM's defaults (G1,
+# tiered compilation): over hours, C2's faster code pays for itself.
+SHORT_LIVED_JAVA_OPTIONS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"
 QUIET_CONF = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
@@ -42,7 +42,8 @@ def build_spark(cfg: SparkConfig, app_name: str = "changelake-ingest", short_liv
     """Start (or join) the SparkSession for `cfg`; Delta comes from the jars in pyspark's jars/.
 
     `short_lived`: the process exits after a bounded amount of work, so its driver JVM skips C2.
-    A `spark.driver.extraJavaOptions` in the config replaces ingest's JVM options altogether.
+    A `spark.driver.extraJavaOptions` in the config is appended to ingest's own JVM options (the
+    JVM takes the last of repeated flags, so the config's win).
     """
     from pyspark.sql import SparkSession
 
@@ -54,12 +55,28 @@ def build_spark(cfg: SparkConfig, app_name: str = "changelake-ingest", short_liv
         builder = builder.master(cfg.master)
         for k, v in QUIET_CONF.items():
             builder = builder.config(k, v)
-        if short_lived:
-            builder = builder.config(
-                "spark.driver.extraJavaOptions", f"{DRIVER_JAVA_OPTIONS} {SHORT_LIVED_JAVA_OPTIONS}"
-            )
+        builder = builder.config("spark.driver.extraJavaOptions", driver_java_options(cfg, short_lived))
     for k, v in DELTA_CONF.items():
         builder = builder.config(k, v)
     for k, v in cfg.conf.items():
-        builder = builder.config(k, v)
+        if k != "spark.driver.extraJavaOptions" or cfg.remote:
+            builder = builder.config(k, v)
     return builder.getOrCreate()
+
+
+def driver_java_options(cfg: SparkConfig, short_lived: bool) -> str:
+    """The driver JVM's options: ingest's, the class archive, then the config's own.
+
+    The class archive is the one `make setup` builds (ingest/cds.py), if it exists; the config's
+    own are its `spark.driver.extraJavaOptions`.
+    """
+    from ingest import cds
+
+    own = cfg.conf.get("spark.driver.extraJavaOptions", "")
+    opts = [DRIVER_JAVA_OPTIONS]
+    if short_lived:
+        opts.append(SHORT_LIVED_JAVA_OPTIONS)
+    if "-XX:ArchiveClassesAtExit" not in own:  # a JVM that dumps an archive cannot map one
+        opts.append(cds.java_options())
+    opts.append(own)
+    return " ".join(o for o in opts if o)
