@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 ARCHIVE = Path(sys.prefix) / "share" / "changelake" / "driver.jsa"
 # Ignore an archive that does not match instead of printing a warning on every start.
 _QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
+# The check may crash a JVM on purpose: no hs_err file in the working directory, no core dump.
+_NO_CRASH_FILES = ("-XX:ErrorFile=/dev/null", "-XX:-CreateCoredumpOnCrash")
 
 
 def java_options(archive: Path = ARCHIVE) -> str:
@@ -55,7 +57,7 @@ def usable(archive: Path) -> bool:
     without this check.
     """
     r = subprocess.run(
-        [java(), f"-XX:SharedArchiveFile={archive}", *_QUIET.split(), "-version"],
+        [java(), f"-XX:SharedArchiveFile={archive}", *_QUIET.split(), *_NO_CRASH_FILES, "-version"],
         capture_output=True,
         timeout=120,
     )

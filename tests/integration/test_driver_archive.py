@@ -60,4 +60,6 @@ def test_a_truncated_archive_is_never_put_in_place(tmp_path: Path) -> None:
     assert cds.usable(cds.ARCHIVE)
     truncated = tmp_path / "truncated.jsa"
     truncated.write_bytes(cds.ARCHIVE.read_bytes()[: cds.ARCHIVE.stat().st_size // 2])
+    crash_files = set(Path.cwd().glob("hs_err_pid*.log"))
     assert not cds.usable(truncated)
+    assert set(Path.cwd().glob("hs_err_pid*.log")) == crash_files, "the check left a JVM crash file behind"
