@@ -19,7 +19,6 @@ Usage: python -m ingest.cds [--force]   (rebuilds when missing or older than pys
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import shutil
 import subprocess
@@ -27,8 +26,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-log = logging.getLogger(__name__)
 
 # Per virtualenv: the archive belongs to the pyspark (and Delta jars) installed in it.
 ARCHIVE = Path(sys.prefix) / "share" / "changelake" / "driver.jsa"
