@@ -26,9 +26,9 @@ $(STAMP): requirements.txt pyproject.toml
 setup: $(STAMP)
 	@bash scripts/delta_jars.sh $(PY)
 	@bash scripts/mongo_java_server.sh >/dev/null
-	@# The driver JVM's class archive (ingest/cds.py), ~50 s when missing or stale. Optional: JVMs
+	@# The driver JVM's class archive (scripts/driver_archive.py), ~40 s when missing or stale. Optional: JVMs
 	@# start without it, ~8 s slower, so a failure to build it is reported and does not stop setup.
-	@$(PY) -m ingest.cds || echo "setup: driver class archive not built (optional; see the error above)" >&2
+	@$(PY) scripts/driver_archive.py || echo "setup: driver class archive not built (optional; see the error above)" >&2
 
 # The source DSN: CHANGELAKE_PG_DSN if you give one, else the project-owned cluster (started here).
 pg:

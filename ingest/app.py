@@ -1,4 +1,4 @@
-"""Wiring in one place: which sources, which Spark, which bronze writer, for each CLI command."""
+"""Wiring in one place: which sources and which bronze writer, for each CLI command."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from ingest.config import Config, MongoSource, PostgresSource
 from ingest.errors import ConfigError, IngestError
 from ingest.events import WriterKind, WriterPosition, int_to_lsn
 from ingest.progress import Progress
-from ingest.spark import build_spark
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +33,10 @@ class _StopFlag:
         return self.stop
 
 
+def _writer(cfg: Config) -> BronzeWriter:
+    return BronzeWriter(cfg.warehouse_uri, cfg.storage_options or None)
+
+
 def _selected(cfg: Config, source: str | None) -> list[PostgresSource]:
     chosen = [cfg.source(source)] if source else list(cfg.sources)
     return [s for s in chosen if isinstance(s, PostgresSource)]
@@ -52,12 +55,11 @@ def run(cfg: Config, once: bool, source: str | None) -> list[str]:
     mongo = _selected_mongo(cfg, source)
     if len(sources) + len(mongo) > 1 and not once:
         raise ConfigError("continuous run captures one source per process; pass --source NAME")
-    for s in sources:  # fail fast on the source before paying for a JVM
+    for s in sources:  # fail fast on the source before touching bronze
         prepare_source(s).close()
     for m in mongo:
         _setup_mongo(m)
-    spark = build_spark(cfg.spark, short_lived=once)
-    writer = BronzeWriter(spark, cfg.warehouse_path)
+    writer = _writer(cfg)
     stop = _StopFlag()
     lines = []
     for s in sources:
@@ -76,7 +78,7 @@ def run(cfg: Config, once: bool, source: str | None) -> list[str]:
 
 
 def setup(cfg: Config, source: str | None) -> list[str]:
-    """Check each selected source and create its publication and slot; no Spark needed."""
+    """Check each selected source and create its publication and slot."""
     from ingest.sources.postgres.capture import prepare_source
 
     lines = []
@@ -103,8 +105,7 @@ def snapshot(cfg: Config, table: str, source: str | None) -> str:
         names = ", ".join(s.name for s in candidates)
         raise ConfigError(f"{table} is captured by several sources ({names}); pass --source NAME")
     src = candidates[0]
-    spark = build_spark(cfg.spark, short_lived=True)
-    task = request_snapshot(src, BronzeWriter(spark, cfg.warehouse_path), table)
+    task = request_snapshot(src, _writer(cfg), table)
     return (
         f"{src.name}: snapshot of {table} requested (writer {task.writer_id}, starting at "
         f"{int_to_lsn(task.durable_lsn)}); a running `changelake-ingest run` starts it within seconds, "
@@ -125,8 +126,7 @@ def status(cfg: Config, source: str | None) -> list[SourceStatus]:
     from ingest.sources.postgres.admin import PostgresAdmin
 
     sources = _selected(cfg, source)
-    spark = build_spark(cfg.spark, short_lived=True)
-    writer = BronzeWriter(spark, cfg.warehouse_path)
+    writer = _writer(cfg)
     out = []
     for s in sources:
         lines: list[str] = []
@@ -207,7 +207,7 @@ def _run_mongo(src: MongoSource, cfg: Config, writer: BronzeWriter, once: bool, 
 
 
 def _setup_mongo(src: MongoSource) -> str:
-    """Check that the source is reachable and has a cluster time (no Spark needed)."""
+    """Check that the source is reachable and has a cluster time."""
     from ingest.sources.mongodb.source import cluster_time, collections, connect
 
     client = connect(src)

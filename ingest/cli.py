@@ -30,7 +30,7 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="stream changes into bronze (continuous, or --once)")
     r.add_argument("--once", action="store_true", help="drain to the source's current position, then exit")
     r.add_argument("--source", help="capture only this source")
-    su = sub.add_parser("setup", help="check the sources and create publication and slot (no Spark)")
+    su = sub.add_parser("setup", help="check the sources and create publication and slot")
     su.add_argument("--source", help="only this source")
     sn = sub.add_parser("snapshot", help="request a snapshot of one table; a running (or the next) `run` takes it")
     sn.add_argument("table", help="schema.table, as listed in the config")
@@ -47,8 +47,6 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
     )
-    for noisy in ("py4j", "pyspark"):
-        logging.getLogger(noisy).setLevel(logging.ERROR)
     from ingest import app
 
     try:

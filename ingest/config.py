@@ -14,6 +14,12 @@ from ingest.errors import ConfigError
 
 DEFAULT_WAREHOUSE = "./warehouse"
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_URI = re.compile(r"^[a-z][a-z0-9+.-]*://")
+# Keys of older configs, with what to do instead.
+_REMOVED_KEYS = {
+    "spark": "ingest no longer starts Spark: it writes bronze with delta-rs (deltalake). Remove the "
+    "`spark:` section; Spark settings belong to the dbt profile (profiles.yml), which reads bronze",
+}
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
@@ -21,19 +27,14 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class SparkConfig(_Strict):
-    """Where the bronze writer's Spark runs: local by default, a cluster master, or Spark Connect."""
-
-    master: str = "local[2]"
-    remote: str | None = None
-    conf: dict[str, str] = Field(default_factory=dict)
-
-
 class BatchConfig(_Strict):
     """How much change data one bronze commit holds (a batch ends on a transaction boundary)."""
 
     max_events: Annotated[int, Field(gt=0)] = 200_000
-    max_seconds: Annotated[float, Field(gt=0)] = 5.0
+    # A bronze commit costs tens of milliseconds (delta-rs): a short window keeps freshness
+    # (source commit -> bronze) around a second without making many more files than compaction
+    # folds away (BENCHMARKS.md, freshness).
+    max_seconds: Annotated[float, Field(gt=0)] = 1.0
 
 
 class SnapshotSettings(_Strict):
@@ -148,10 +149,14 @@ SourceConfig = Annotated[PostgresSource | MongoSource, Field(discriminator="kind
 
 
 class Config(_Strict):
-    """The whole ingest config: sources, the warehouse location and Spark settings."""
+    """The whole ingest config: sources, the warehouse location (path or object-store URI), batching.
+
+    `storage_options` go to delta-rs as they are, for an object-store warehouse (endpoint,
+    region, ...); credentials are best left to the store's standard environment variables.
+    """
 
     warehouse: str = DEFAULT_WAREHOUSE
-    spark: SparkConfig = Field(default_factory=SparkConfig)
+    storage_options: dict[str, str] = Field(default_factory=dict)
     batch: BatchConfig = Field(default_factory=BatchConfig)
     sources: list[SourceConfig]
 
@@ -167,9 +172,14 @@ class Config(_Strict):
         return v
 
     @property
-    def warehouse_path(self) -> Path:
-        """The warehouse as an absolute path (bronze lives in `<warehouse>/bronze/<table>`)."""
-        return Path(self.warehouse).expanduser().resolve()
+    def warehouse_uri(self) -> str:
+        """The warehouse as an object-store URI as given, or a local path made absolute.
+
+        Bronze lives in `<warehouse>/bronze/<table>`.
+        """
+        if _URI.match(self.warehouse):
+            return self.warehouse.rstrip("/")
+        return str(Path(self.warehouse).expanduser().resolve())
 
     def source(self, name: str) -> SourceConfig:
         """The source called `name`, or a ConfigError listing the configured ones."""
@@ -225,6 +235,9 @@ def parse_config(text: str, origin: str = "<config>") -> Config:
         raise ConfigError(f"{origin}: not valid YAML: {e}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{origin}: expected a mapping at the top level, got {type(raw).__name__}")
+    for key, why in _REMOVED_KEYS.items():
+        if key in raw:
+            raise ConfigError(f"{origin}: {key}: no longer a config key: {why}")
     raw = _substitute(raw, "")
     try:
         return Config.model_validate(raw)

@@ -1,4 +1,4 @@
-"""Shared fixtures: the project PostgreSQL, one SparkSession per run, throwaway sources."""
+"""Shared fixtures: the project PostgreSQL, throwaway sources, in-process capture and bronze reads."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from tests.delta_rows import read
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -23,15 +25,6 @@ def pg_dsn() -> str:
         return dsn
     out = subprocess.run(["bash", str(ROOT / "scripts/pg.sh"), "start"], check=True, capture_output=True, text=True)
     return out.stdout.strip().splitlines()[-1]
-
-
-@pytest.fixture(scope="session")
-def spark() -> Any:
-    """The one SparkSession of the test run (local[2], Delta)."""
-    from ingest.config import SparkConfig
-    from ingest.spark import build_spark
-
-    return build_spark(SparkConfig())
 
 
 class PgSource:
@@ -94,7 +87,7 @@ def warehouse(tmp_path: Path) -> Path:
 
 
 def capture_once(
-    spark: Any, warehouse: Path, src: Any, max_events: int = 200_000, snapshots: bool = False, **kw: Any
+    warehouse: Path, src: Any, max_events: int = 200_000, snapshots: bool = False, **kw: Any
 ) -> Any:
     """Run the stream writer in this process with `--once` semantics; returns the capture.
 
@@ -108,7 +101,7 @@ def capture_once(
     cap = PostgresCapture(
         src,
         BatchConfig(max_events=max_events, max_seconds=5),
-        BronzeWriter(spark, warehouse),
+        BronzeWriter(warehouse),
         Progress(src.name, enabled=False),
         snapshots=snapshots,
         **kw,
@@ -124,9 +117,7 @@ def prepare(src: Any) -> None:
     prepare_source(src).close()
 
 
-def bronze_events(spark: Any, warehouse: Path, source: str, with_messages: bool = False) -> list[Any]:
+def bronze_events(warehouse: Path, source: str, with_messages: bool = False) -> list[Any]:
     """The source's bronze.wal_events rows in position order."""
-    df = spark.read.format("delta").load(str(warehouse / "bronze" / "wal_events")).where(f"source = '{source}'")
-    if not with_messages:
-        df = df.where("action != 'message'")
-    return df.orderBy("commit_lsn", "commit_index").collect()
+    where = f"source = '{source}'" + ("" if with_messages else " and action != 'message'")
+    return read(warehouse / "bronze" / "wal_events", where, "commit_lsn, commit_index")

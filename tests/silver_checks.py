@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import ROOT
+from tests.delta_rows import exists, read
 
 DBT = Path(sys.executable).with_name("dbt")
 
@@ -30,8 +31,8 @@ def dbt(warehouse: Path, *args: str) -> str:
     return r.stdout
 
 
-def silver(spark: Any, warehouse: Path, table: str) -> list[Any]:
-    return spark.read.format("delta").load(str(warehouse / "dbt" / "silver.db" / table)).collect()
+def silver(warehouse: Path, table: str) -> list[Any]:
+    return read(warehouse / "dbt" / "silver.db" / table)
 
 
 def source_rows(s: Any, table: str, pk: list[str]) -> dict[str, dict[str, Any]]:
@@ -49,10 +50,9 @@ def frozen(rows: list[Any]) -> set[str]:
     return {json.dumps(r.asDict(recursive=True), default=str, sort_keys=True) for r in rows}
 
 
-def snapshot_rows(spark: Any, warehouse: Path, source: str) -> list[Any]:
+def snapshot_rows(warehouse: Path, source: str) -> list[Any]:
     """The source's bronze.snapshot_pages record rows (marker rows left out)."""
     path = warehouse / "bronze" / "snapshot_pages"
-    if not (path / "_delta_log").is_dir():
+    if not exists(path):
         return []
-    df = spark.read.format("delta").load(str(path))
-    return df.where(f"source = '{source}' and record_pk is not null").collect()
+    return read(path, f"source = '{source}' and record_pk is not null")

@@ -1,8 +1,8 @@
 """Makes batches durable in order on a background thread while the source keeps decoding.
 
-Decoding is Python work and a Delta commit is JVM work: overlapping them is most of ingest's
-throughput on two cores. Order and safety are unchanged: batches commit one at a time, in the
-order they were submitted; a batch's events commit before its position row is raised; and the
+Decoding is Python work and a Delta commit is delta-rs (Rust) work that releases the GIL:
+overlapping them is most of ingest's throughput on two cores. Order and safety: batches commit
+one at a time, in the order they were submitted; a batch's events commit before its position row is raised; and the
 caller acknowledges the source only with `ack_lsn`, which moves after both are durable.
 """
 
@@ -24,12 +24,6 @@ from ingest.progress import Progress
 log = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 1  # batches queued behind the one being committed (bounds memory to ~3 batches)
-# While another batch is already queued, a batch's position row may wait for the next batch's
-# (one Delta commit instead of two) for at most this long. It only delays the safe bound and the
-# acknowledgement, which still follow the position row: a crash meanwhile re-reads those events
-# from the source and the restart skips what bronze holds (bronze, not this row, says what is
-# durable). Each position commit costs ~1 s on a local Spark, as much as 100k events.
-POSITION_DEFER_MAX_S = 5.0
 
 
 @dataclass(slots=True)
@@ -79,8 +73,6 @@ class Committer:
         self.durable_lsn = durable_lsn
         self.ack_lsn = ack_lsn
         self.progress = progress
-        self._deferred: Batch | None = None  # the newest durable point whose position row waits
-        self._last_raise = time.monotonic()
         self._queue: queue.Queue[Batch | object] = queue.Queue(maxsize=MAX_IN_FLIGHT)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._work, name=f"committer-{source}", daemon=True)
@@ -143,12 +135,10 @@ class Committer:
             self.writer.append_events(self.source, self.source_kind, self.writer_id, batch.events, batch.end_lsns)
             faults.hit("mid_transaction_flush" if batch.mid_transaction else "after_events_commit")
             self.progress.add(len(batch.events))
+        # Every durable point is raised at once: a position row is one Delta commit of a few
+        # milliseconds (delta-rs), so there is nothing to win by letting it ride on a later batch.
         if batch.durable_lsn is not None and batch.durable_lsn > self.durable_lsn:
-            self._deferred = batch  # batches come in source order: the newest durable point wins
-        backlog = self._queue.qsize() > 0  # another batch waits: its position row can carry this one's
-        if self._deferred is not None and (not backlog or time.monotonic() - self._last_raise >= POSITION_DEFER_MAX_S):
-            self._raise(self._deferred)
-            self._deferred = None
+            self._raise(batch)
         log.info(
             "committed source=%s events=%d durable_lsn=%d seconds=%.2f",
             self.source,
@@ -170,6 +160,5 @@ class Committer:
         )
         self.writer.raise_position(pos, self.started_at)
         faults.hit("after_position_commit")
-        self._last_raise = time.monotonic()
         self.durable_lsn = pos.durable_lsn
         self.ack_lsn = pos.ack_lsn  # the caller acknowledges this to the source

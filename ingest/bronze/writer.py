@@ -1,21 +1,18 @@
-"""Appends events, relation shapes and writer positions to the bronze Delta tables, by path."""
+"""Appends events, pages, relation shapes and writer positions to the bronze Delta tables (delta-rs)."""
 
 from __future__ import annotations
 
 import logging
-import math
-import shutil
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from ingest.bronze.delta import DeltaTables
 from ingest.bronze.schemas import (
     ALL_TABLES,
     SNAPSHOT_PAGES_TABLE,
@@ -27,47 +24,17 @@ from ingest.bronze.schemas import (
 from ingest.errors import BronzeWriteError
 from ingest.events import ChangeEvent, RelationShape, SnapshotPage, WriterKind, WriterPosition
 
-if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
-    from pyspark.sql.types import StructType
-
 log = logging.getLogger(__name__)
 
 # Delta txnVersion packs a batch's last position as (commit_lsn << INDEX_BITS) | commit_index.
 TXN_INDEX_BITS = 20
 TXN_MAX_LSN = 1 << (63 - TXN_INDEX_BITS)
 
-# A staged batch is split into files of about this many rows, so that Spark reads them in parallel.
-STAGE_FILE_ROWS = 50_000
-STAGING_DIR = "_staging"  # under the warehouse; one directory per batch, removed after its commit
-# A staging directory this old belongs to no running commit (a commit takes seconds): it was left
-# by a killed process, and the next writer to start removes it.
-STALE_STAGING_S = 3600.0
-
-
-def remove_stale_staging(staging: Path, older_than_s: float = STALE_STAGING_S) -> int:
-    """Remove batch directories under `staging` last modified more than `older_than_s` ago; returns how many."""
-    if not staging.is_dir():
-        return 0
-    cutoff = time.time() - older_than_s
-    removed = 0
-    for entry in staging.iterdir():
-        try:
-            if entry.is_dir() and entry.stat().st_mtime < cutoff:
-                shutil.rmtree(entry)
-                removed += 1
-        except FileNotFoundError:
-            continue  # removed meanwhile by another writer
-    if removed:
-        log.info("removed stale staging directories staging=%s count=%d", staging, removed)
-    return removed
-
-
-def _driver_is_local(spark: SparkSession) -> bool:
-    """Whether Spark's tasks run in this process's JVM (local mode), so they can read our files."""
-    if type(spark).__module__.startswith("pyspark.sql.connect"):
-        return False  # Spark Connect: the driver is a server elsewhere
-    return str(spark.conf.get("spark.master", "")).startswith("local")
+# Small-file upkeep (docs/bronze.md): after this many commits by this process to a table, its
+# source's partition is compacted (delta-rs optimize, no data change) and files older than the
+# table's retention are vacuumed. Checkpoints come from delta-rs after every
+# `delta.checkpointInterval` commits.
+COMPACT_EVERY_COMMITS = 100
 
 
 def txn_version(commit_lsn: int, commit_index: int) -> int | None:
@@ -127,99 +94,86 @@ def _events_to_arrow(
 
 
 class BronzeWriter:
-    """Owns the bronze tables of one warehouse.
+    """Owns the bronze tables of one warehouse (a local path or an object-store URI).
 
-    Responsibilities: create the tables (by path, no metastore), append event batches idempotently
-    (Delta txnAppId/txnVersion), record relation shapes, raise and remove writer positions, and
-    answer where a writer's durable data ends (so a restart skips what is already in bronze).
+    Responsibilities: create the tables (by path, no metastore; only ingest creates bronze),
+    append event batches and snapshot pages exactly once (Delta txnAppId/txnVersion, checked
+    before each append), record relation shapes, raise and remove writer positions, keep the
+    tables' files few (compaction on a commit count), and answer where a writer's durable data
+    ends (so a restart skips what is already in bronze).
     """
 
-    def __init__(self, spark: SparkSession, warehouse: Path, stage_files: bool | None = None) -> None:
+    def __init__(self, warehouse: str | Path, storage_options: Mapping[str, str] | None = None) -> None:
         """Bind to `warehouse`; tables live in `<warehouse>/bronze/<name>`.
 
-        `stage_files` (default: when Spark runs in local mode) hands batches to Spark as Parquet
-        files written by pyarrow under `<warehouse>/_staging` instead of as in-memory Arrow data:
-        measured ~35% less JVM time per batch, and the JVM no longer holds the whole batch inside
-        serialized tasks (bench/ingest_throughput.py). Executors on other machines cannot read
-        the driver host's files, so a cluster master or Spark Connect uses the Arrow path.
+        `storage_options` go to delta-rs as they are (object stores; credentials may also come
+        from the store's standard environment variables).
         """
-        self.spark = spark
-        self.root = warehouse / "bronze"
-        if stage_files is None:
-            stage_files = _driver_is_local(spark)
-        self.staging = warehouse / STAGING_DIR if stage_files else None
-        self._spark_schemas: dict[str, StructType] = {}
-        if self.staging is not None:
-            remove_stale_staging(self.staging)
+        self.warehouse = str(warehouse).rstrip("/")
+        self.root = f"{self.warehouse}/bronze"
+        self.tables = DeltaTables(storage_options)
+        self._commits_since_upkeep: dict[str, int] = {}
 
     def path(self, table: BronzeTable) -> str:
-        """The Delta table directory of `table`."""
-        return str(self.root / table.name)
+        """The Delta table URI of `table`."""
+        return f"{self.root}/{table.name}"
 
     def exists(self, table: BronzeTable) -> bool:
-        """Whether `table` has been created (its _delta_log exists)."""
-        return (self.root / table.name / "_delta_log").is_dir()
+        """Whether `table` has been created."""
+        return self.tables.exists(self.path(table))
 
     def ensure_tables(self) -> None:
         """Create each bronze table that does not exist yet (safe against a concurrent creator).
 
-        One `CREATE TABLE IF NOT EXISTS` per table: schema, partitioning and properties in a single
-        Delta commit and no Spark job (measured: 6.5 s for the four on a fresh JVM, 9.3 s as an
-        empty append followed by ALTER TABLE). SQL, so it runs the same over Spark Connect.
+        Schema, partitioning and properties go in the table's first commit (protocol 1/2, which
+        every Spark with Delta reads). A table made by an older ingest gets the properties it lacks.
         """
         for table in ALL_TABLES:
-            if self.exists(table):
-                continue
-            schema = self._spark_schema(table)
-            columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in schema.fields)
-            ddl = f"CREATE TABLE IF NOT EXISTS delta.`{self.path(table)}` ({columns}) USING delta"
-            if table.partition_by:
-                ddl += f" PARTITIONED BY ({', '.join(table.partition_by)})"
-            if table.properties:
-                ddl += " TBLPROPERTIES (" + ", ".join(f"'{k}' = '{v}'" for k, v in table.properties) + ")"
-            try:
-                self.spark.sql(ddl)
-            except Exception as e:
-                if not self.exists(table):
-                    raise BronzeWriteError(f"cannot create bronze table {self.path(table)}: {e}") from e
+            props = dict(table.properties)
+            if not self.tables.create(self.path(table), table.schema, table.partition_by, props):
+                self.tables.set_missing_properties(self.path(table), props)
 
-    def _spark_schema(self, table: BronzeTable) -> StructType:
-        if table.name not in self._spark_schemas:
-            from pyspark.sql.pandas.types import from_arrow_schema
-
-            self._spark_schemas[table.name] = from_arrow_schema(table.schema)
-        return self._spark_schemas[table.name]
-
-    def _stage(self, table: BronzeTable, data: pa.Table) -> tuple[DataFrame, Path]:
-        """Write `data` as Parquet files in a fresh staging directory; a DataFrame reading them."""
-        assert self.staging is not None
-        directory = self.staging / f"{table.name}-{uuid.uuid4().hex}"
-        directory.mkdir(parents=True)
-        files = max(1, math.ceil(data.num_rows / STAGE_FILE_ROWS))
-        step = math.ceil(data.num_rows / files) or 1
-        for i in range(files):
-            # Uncompressed: these files are read once, at once, from the same disk.
-            pq.write_table(data.slice(i * step, step), directory / f"part-{i:05d}.parquet", compression="none")
-        return self.spark.read.schema(self._spark_schema(table)).parquet(str(directory)), directory
-
-    def _append(self, table: BronzeTable, data: pa.Table, app_id: str | None, version: int | None) -> None:
-        staged: Path | None = None
-        df: DataFrame
-        if self.staging is not None and data.num_rows > 0:
-            df, staged = self._stage(table, data)
-        else:
-            df = self.spark.createDataFrame(data)
-        # mergeSchema: a newer ingest may add a column to the contract; old rows read it as NULL.
-        writer = df.write.format("delta").mode("append").option("mergeSchema", "true")
-        if app_id is not None and version is not None:
-            writer = writer.option("txnAppId", app_id).option("txnVersion", version)
+    def _append(self, table: BronzeTable, data: pa.Table, source: str, app_id: str | None, version: int | None) -> None:
+        uri = self.path(table)
         try:
-            writer.save(self.path(table))
+            self.tables.append(uri, data, app_id, version)
+        except BronzeWriteError:
+            raise
         except Exception as e:
-            raise BronzeWriteError(f"append to {self.path(table)} failed: {e}") from e
-        finally:
-            if staged is not None:
-                shutil.rmtree(staged, ignore_errors=True)
+            raise BronzeWriteError(f"append to {uri} failed: {e}") from e
+        self._after_commit(table, source)
+
+    def _after_commit(self, table: BronzeTable, source: str) -> None:
+        """Compact `source`'s partition of `table` every COMPACT_EVERY_COMMITS commits of this process."""
+        n = self._commits_since_upkeep.get(table.name, 0) + 1
+        if n < COMPACT_EVERY_COMMITS:
+            self._commits_since_upkeep[table.name] = n
+            return
+        self._commits_since_upkeep[table.name] = 0
+        self.compact(table, source)
+
+    def compact(self, table: BronzeTable, source: str | None = None) -> None:
+        """Compact small files (of `source`'s partition) and vacuum what the retention lets go.
+
+        A failure is logged, not raised: upkeep never stops capture, and the next round retries.
+        """
+        uri = self.path(table)
+        t0 = time.monotonic()
+        try:
+            m = self.tables.compact(uri, ("source", source) if source else None)
+            removed = self.tables.vacuum(uri)
+        except Exception as e:
+            log.warning("bronze compaction failed table=%s error=%s", table.name, e)
+            return
+        log.info(
+            "compacted table=%s source=%s files_removed=%s files_added=%s vacuumed=%d seconds=%.2f",
+            table.name,
+            source,
+            m.get("numFilesRemoved"),
+            m.get("numFilesAdded"),
+            len(removed),
+            time.monotonic() - t0,
+        )
 
     def append_events(
         self,
@@ -238,7 +192,8 @@ class BronzeWriter:
             return
         last = events[-1]
         data = _events_to_arrow(source, source_kind, writer_id, events, end_lsns or {})
-        self._append(WAL_EVENTS_TABLE, data, f"{source}/{writer_id}", txn_version(last.commit_lsn, last.commit_index))
+        version = txn_version(last.commit_lsn, last.commit_index)
+        self._append(WAL_EVENTS_TABLE, data, source, f"{source}/{writer_id}", version)
 
     def append_relations(self, source: str, shapes: Sequence[RelationShape]) -> None:
         """Record table shapes first seen in this batch."""
@@ -270,12 +225,15 @@ class BronzeWriter:
             }
             for s in shapes
         ]
-        self._append(SOURCE_RELATIONS_TABLE, pa.Table.from_pylist(rows, SOURCE_RELATIONS_TABLE.schema), None, None)
+        data = pa.Table.from_pylist(rows, SOURCE_RELATIONS_TABLE.schema)
+        self._append(SOURCE_RELATIONS_TABLE, data, source, None, None)
 
     def known_shapes(self, source: str) -> set[str]:
         """Shape hashes already recorded for `source`."""
-        df = self.spark.read.format("delta").load(self.path(SOURCE_RELATIONS_TABLE))
-        return {r[0] for r in df.where(df.source == source).select("shape_hash").distinct().collect()}
+        t = self._query(
+            f"select distinct shape_hash from t where source = {_sql_str(source)}", t=SOURCE_RELATIONS_TABLE
+        )
+        return set(t.column("shape_hash").to_pylist())
 
     def raise_position(self, pos: WriterPosition, started_at: datetime) -> None:
         """Replace this writer's row (its own partition) with `pos`; callers never lower it."""
@@ -302,16 +260,16 @@ class BronzeWriter:
             }
             for pos, started_at in rows
         ]
-        df = self.spark.createDataFrame(pa.Table.from_pylist(data, STREAM_POSITIONS_TABLE.schema))
-        ids = ", ".join(f"'{_sql_str(p.writer_id)}'" for p, _ in rows)
-        cond = f"source = '{_sql_str(source)}' AND writer_id IN ({ids})"
+        ids = ", ".join(_sql_str(p.writer_id) for p, _ in rows)
+        cond = f"source = {_sql_str(source)} AND writer_id IN ({ids})"
         try:
-            df.write.format("delta").mode("overwrite").option("replaceWhere", cond).save(
-                self.path(STREAM_POSITIONS_TABLE)
+            self.tables.replace(
+                self.path(STREAM_POSITIONS_TABLE), pa.Table.from_pylist(data, STREAM_POSITIONS_TABLE.schema), cond
             )
         except Exception as e:
             names = ", ".join(p.writer_id for p, _ in rows)
             raise BronzeWriteError(f"raising positions of {source}/{names} failed: {e}") from e
+        self._after_commit(STREAM_POSITIONS_TABLE, source)
 
     def append_page(self, source: str, source_kind: str, writer_id: str, page: SnapshotPage) -> None:
         """Commit one snapshot page as one Delta transaction; a retried page is a no-op."""
@@ -342,51 +300,57 @@ class BronzeWriter:
             for i, r in enumerate(rows)
         ]
         table = pa.Table.from_pylist(data, SNAPSHOT_PAGES_TABLE.schema)
-        self._append(SNAPSHOT_PAGES_TABLE, table, f"{source}/{writer_id}", page.page_number)
+        self._append(SNAPSHOT_PAGES_TABLE, table, source, f"{source}/{writer_id}", page.page_number)
 
     def completed_snapshots(self, source: str) -> dict[str, int]:
         """`schema.table` -> high watermark of its latest completed snapshot (its last page)."""
-        from pyspark.sql import functions as F
-
-        df = self.spark.read.format("delta").load(self.path(SNAPSHOT_PAGES_TABLE))
-        df = df.where((df.source == source) & df.last_page)
-        rows = df.groupBy("table_schema", "table_name").agg(F.max("high_watermark_lsn").alias("hw")).collect()
-        return {f"{r.table_schema}.{r.table_name}": int(r.hw) for r in rows}
+        t = self._query(
+            "select table_schema, table_name, max(high_watermark_lsn) as hw from t "
+            f"where source = {_sql_str(source)} and last_page group by table_schema, table_name",
+            t=SNAPSHOT_PAGES_TABLE,
+        )
+        return {f"{r['table_schema']}.{r['table_name']}": int(r["hw"]) for r in t.to_pylist()}
 
     def last_durable_page(self, source: str, snapshot_id: str) -> DurablePage | None:
         """Where a snapshot stands in bronze: its last committed page, cursor, rows and completion."""
-        from pyspark.sql import functions as F
-
-        df = self.spark.read.format("delta").load(self.path(SNAPSHOT_PAGES_TABLE))
-        df = df.where((df.source == source) & (df.snapshot_id == snapshot_id))
-        agg = df.agg(
-            F.max(F.struct("page_number", "row_index", "key_text")).alias("last"),
-            F.count(F.col("record_pk")).alias("n"),
-            F.max(F.col("last_page").cast("int")).alias("done"),
-        ).collect()[0]
-        if agg.last is None:
+        where = f"where source = {_sql_str(source)} and snapshot_id = {_sql_str(snapshot_id)}"
+        agg = self._query(
+            "select max(page_number) as last_page_number, count(record_pk) as n, "
+            f"max(cast(last_page as int)) as done from t {where}",
+            t=SNAPSHOT_PAGES_TABLE,
+        ).to_pylist()[0]
+        if agg["last_page_number"] is None:
             return None
-        key = tuple(agg.last.key_text) if agg.last.key_text is not None else None
-        return DurablePage(int(agg.last.page_number), key, int(agg.n), bool(agg.done))
+        last = self._query(
+            f"select key_text from t {where} and page_number = {int(agg['last_page_number'])} "
+            "order by row_index desc limit 1",
+            t=SNAPSHOT_PAGES_TABLE,
+        ).to_pylist()[0]
+        key = tuple(last["key_text"]) if last["key_text"] is not None else None
+        return DurablePage(int(agg["last_page_number"]), key, int(agg["n"]), bool(agg["done"]))
 
     def remove_writer(self, source: str, writer_id: str) -> None:
         """Delete a retired writer's row so it no longer holds back the safe bound."""
-        from delta.tables import DeltaTable
-
-        cond = f"source = '{_sql_str(source)}' AND writer_id = '{_sql_str(writer_id)}'"
-        DeltaTable.forPath(self.spark, self.path(STREAM_POSITIONS_TABLE)).delete(cond)
+        cond = f"source = {_sql_str(source)} AND writer_id = {_sql_str(writer_id)}"
+        try:
+            self.tables.delete(self.path(STREAM_POSITIONS_TABLE), cond)
+        except Exception as e:
+            raise BronzeWriteError(f"removing writer {source}/{writer_id} failed: {e}") from e
 
     def positions(self, source: str | None = None) -> list[tuple[WriterPosition, datetime]]:
         """Every writer row (of `source`, if given) with its `updated_at`."""
-        df = self.spark.read.format("delta").load(self.path(STREAM_POSITIONS_TABLE))
-        if source is not None:
-            df = df.where(df.source == source)
+        where = f" where source = {_sql_str(source)}" if source is not None else ""
         out = []
-        for r in df.collect():
+        for r in self._query(f"select * from t{where}", t=STREAM_POSITIONS_TABLE).to_pylist():
             pos = WriterPosition(
-                r.source, r.writer_id, WriterKind(r.writer_kind), r.durable_lsn, r.ack_lsn, r.resume_token
+                r["source"],
+                r["writer_id"],
+                WriterKind(r["writer_kind"]),
+                r["durable_lsn"],
+                r["ack_lsn"],
+                r["resume_token"],
             )
-            out.append((pos, r.updated_at))
+            out.append((pos, r["updated_at"]))
         return out
 
     def last_event_position(self, source: str, writer_id: str, from_lsn: int = 0) -> tuple[int, int] | None:
@@ -395,25 +359,34 @@ class BronzeWriter:
         Bronze is the truth of what is durable: a restarted writer skips every re-delivered event at
         or below this position, so a crash between a Delta commit and the slot acknowledgement
         neither loses nor duplicates events. `from_lsn` (the writer's recorded durable position)
-        lets Delta skip files by their statistics.
+        lets the reader skip files by their statistics.
         """
-        from pyspark.sql import functions as F
-
-        df = self.spark.read.format("delta").load(self.path(WAL_EVENTS_TABLE))
-        df = df.where((df.source == source) & (df.writer_id == writer_id) & (df.commit_lsn >= from_lsn))
-        row = df.agg(F.max(F.struct("commit_lsn", "commit_index")).alias("m")).collect()[0]
-        if row.m is None:
+        t = self._query(
+            "select commit_lsn, commit_index from t "
+            f"where source = {_sql_str(source)} and writer_id = {_sql_str(writer_id)} "
+            f"and commit_lsn >= {int(from_lsn)} order by commit_lsn desc, commit_index desc limit 1",
+            t=WAL_EVENTS_TABLE,
+        ).to_pylist()
+        if not t:
             return None
-        return (int(row.m.commit_lsn), int(row.m.commit_index))
+        return (int(t[0]["commit_lsn"]), int(t[0]["commit_index"]))
 
     def max_commit_time(self, source: str) -> datetime | None:
         """The newest commit timestamp of `source` in bronze (for status)."""
-        from pyspark.sql import functions as F
+        t = self._query(
+            f"select max(commit_timestamp) as m from t where source = {_sql_str(source)}", t=WAL_EVENTS_TABLE
+        )
+        m = t.to_pylist()[0]["m"]
+        return m if isinstance(m, datetime) else None
 
-        df = self.spark.read.format("delta").load(self.path(WAL_EVENTS_TABLE))
-        row = df.where(df.source == source).agg(F.max("commit_timestamp").alias("m")).collect()[0]
-        return row.m  # type: ignore[no-any-return]
+    def _query(self, sql: str, t: BronzeTable) -> pa.Table:
+        """`sql` over bronze table `t` (registered as `t`)."""
+        try:
+            return self.tables.query(sql, t=self.path(t))
+        except Exception as e:
+            raise BronzeWriteError(f"reading {self.path(t)} failed: {e}") from e
 
 
 def _sql_str(s: str) -> str:
-    return s.replace("\\", "\\\\").replace("'", "\\'")
+    """`s` as a SQL string literal (DataFusion: standard quoting, a quote doubled)."""
+    return "'" + s.replace("'", "''") + "'"

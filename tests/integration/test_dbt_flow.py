@@ -57,11 +57,11 @@ def workload(s: Any, rnd: random.Random, ids: list[int], truncate_lines: bool) -
         s.execute("insert into lines select id, 2, 5 from accounts where id % 3 = 0")
 
 
-def check_equal(spark: Any, warehouse: Path, s: Any) -> None:
-    """Invariant 1 on the warehouse read by `spark` (see assert_records_match_source)."""
-    bronze = bronze_events(spark, warehouse, s.name)
-    pages = snapshot_rows(spark, warehouse, s.name)
-    assert_records_match_source(silver(spark, warehouse, "consumer_records"), bronze, s, pages)
+def check_equal(warehouse: Path, s: Any) -> None:
+    """Invariant 1 on the warehouse read with delta-rs (see assert_records_match_source)."""
+    bronze = bronze_events(warehouse, s.name)
+    pages = snapshot_rows(warehouse, s.name)
+    assert_records_match_source(silver(warehouse, "consumer_records"), bronze, s, pages)
 
 
 def assert_records_match_source(recs: list[Any], bronze: list[Any], s: Any, pages: Sequence[Any] = ()) -> None:
@@ -84,10 +84,10 @@ def assert_records_match_source(recs: list[Any], bronze: list[Any], s: Any, page
         assert deleted == gone, f"seed {SEED}: {table} tombstones differ"
 
 
-def check_event_log(spark: Any, warehouse: Path, s: Any) -> None:
-    """Invariant 2 on the warehouse read by `spark` (see assert_event_log_matches_bronze)."""
-    bronze = bronze_events(spark, warehouse, s.name)
-    assert_event_log_matches_bronze(silver(spark, warehouse, "sequin_events"), bronze, s)
+def check_event_log(warehouse: Path, s: Any) -> None:
+    """Invariant 2 on the warehouse read with delta-rs (see assert_event_log_matches_bronze)."""
+    bronze = bronze_events(warehouse, s.name)
+    assert_event_log_matches_bronze(silver(warehouse, "sequin_events"), bronze, s)
 
 
 def assert_event_log_matches_bronze(events: list[Any], bronze: list[Any], s: Any) -> None:
@@ -98,14 +98,14 @@ def assert_event_log_matches_bronze(events: list[Any], bronze: list[Any], s: Any
     assert positions == [(e.commit_lsn, e.commit_index) for e in bronze]
 
 
-def test_ingest_and_dbt_build_reproduce_the_source(spark: Any, warehouse: Path, make_source: Any) -> None:
+def test_ingest_and_dbt_build_reproduce_the_source(warehouse: Path, make_source: Any) -> None:
     print(f"dbt flow seed: {SEED} (rerun with CHANGELAKE_TEST_SEED={SEED})")
     rnd = random.Random(SEED)
     s = make_source(TABLES, ["accounts", "lines"])
     prepare(s.config())
     ids: list[int] = []
     workload(s, rnd, ids, truncate_lines=False)
-    capture_once(spark, warehouse, s.config(), snapshots=True, page_rows=7)
+    capture_once(warehouse, s.config(), snapshots=True, page_rows=7)
     # A second source whose rows predate its slot and that is never snapshotted: an update that leaves
     # a TOASTed value unchanged has no image of it anywhere, so silver marks the key needs_reread.
     toast = make_source(
@@ -115,31 +115,31 @@ def test_ingest_and_dbt_build_reproduce_the_source(spark: Any, warehouse: Path, 
     toast.execute("insert into docs select g, 0, repeat(md5(g::text), 200) from generate_series(1, 3) g")
     prepare(toast.config())
     toast.execute("update docs set n = 1 where id = 2")
-    capture_once(spark, warehouse, toast.config(snapshot={"initial": False}), snapshots=True)
+    capture_once(warehouse, toast.config(snapshot={"initial": False}), snapshots=True)
     dbt(warehouse, "build")
-    check_equal(spark, warehouse, s)
-    check_event_log(spark, warehouse, s)
-    doc = {r.record_pk: r for r in silver(spark, warehouse, "consumer_records") if r.source == toast.name}
+    check_equal(warehouse, s)
+    check_event_log(warehouse, s)
+    doc = {r.record_pk: r for r in silver(warehouse, "consumer_records") if r.source == toast.name}
     assert doc['{"id":2}'].needs_reread and "body" not in json.loads(doc['{"id":2}'].record)
 
     # Invariant 5: a second build with no new bronze data changes nothing.
-    before = {t: frozen(silver(spark, warehouse, t)) for t in ("sequin_events", "consumer_records")}
+    before = {t: frozen(silver(warehouse, t)) for t in ("sequin_events", "consumer_records")}
     dbt(warehouse, "run", "--select", "silver")
-    assert {t: frozen(silver(spark, warehouse, t)) for t in before} == before
+    assert {t: frozen(silver(warehouse, t)) for t in before} == before
 
     # Incremental: more changes (a truncate among them) merge onto the existing silver.
     workload(s, rnd, ids, truncate_lines=True)
-    capture_once(spark, warehouse, s.config(), snapshots=True, page_rows=7)
-    capture_once(spark, warehouse, toast.config(snapshot={"initial": False}), snapshots=True)  # re-reads id 2
+    capture_once(warehouse, s.config(), snapshots=True, page_rows=7)
+    capture_once(warehouse, toast.config(snapshot={"initial": False}), snapshots=True)  # re-reads id 2
     dbt(warehouse, "build")
-    check_equal(spark, warehouse, s)
-    check_event_log(spark, warehouse, s)
-    doc = {r.record_pk: r for r in silver(spark, warehouse, "consumer_records") if r.source == toast.name}
+    check_equal(warehouse, s)
+    check_event_log(warehouse, s)
+    doc = {r.record_pk: r for r in silver(warehouse, "consumer_records") if r.source == toast.name}
     body = toast.conn.execute(f"select body from {toast.schema}.docs where id = 2").fetchone()[0]
     assert not doc['{"id":2}'].needs_reread and doc['{"id":2}'].origin == "snapshot"
     assert json.loads(doc['{"id":2}'].record) == {"id": 2, "n": 1, "body": body}
 
     # Invariant 5: --full-refresh from bronze gives the same silver as the incremental history.
-    incremental = {t: frozen(silver(spark, warehouse, t)) for t in ("sequin_events", "consumer_records")}
+    incremental = {t: frozen(silver(warehouse, t)) for t in ("sequin_events", "consumer_records")}
     dbt(warehouse, "run", "--select", "silver", "--full-refresh")
-    assert {t: frozen(silver(spark, warehouse, t)) for t in incremental} == incremental
+    assert {t: frozen(silver(warehouse, t)) for t in incremental} == incremental

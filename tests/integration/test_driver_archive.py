@@ -1,28 +1,47 @@
-"""The driver JVM maps the class archive `make setup` builds, and shrugs off a broken one (ingest/cds.py)."""
+"""dbt's driver JVM maps the class archive `make setup` builds, and shrugs off a broken one.
+
+The archive is scripts/driver_archive.py's; ingest starts no JVM, so only dbt's `local` target
+maps it (profiles.yml).
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
-from ingest import cds
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.integration
 
-# A driver as `run --once` starts it, logging where each class came from, then Delta's first steps.
+
+def _load_cds() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("driver_archive", ROOT / "scripts" / "driver_archive.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+cds = _load_cds()
+
+# A driver started with the options profiles.yml gives dbt's, logging where each class came from.
 SCRIPT = """
 import sys
-from pathlib import Path
-from ingest.bronze.writer import BronzeWriter
-from ingest.config import SparkConfig
-from ingest.spark import build_spark
+from pyspark.sql import SparkSession
 opts = "-Xlog:class+load=info:stdout " + sys.argv[2]
-spark = build_spark(SparkConfig(conf={"spark.driver.extraJavaOptions": opts}), short_lived=True)
-BronzeWriter(spark, Path(sys.argv[1])).ensure_tables()
+spark = (
+    SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
+    .config("spark.driver.extraJavaOptions", opts)
+    .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+    .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+    .getOrCreate()
+)
+spark.sql(f"create table delta.`{sys.argv[1]}/t` (k int) using delta")
 """
 
 
@@ -44,13 +63,12 @@ def delta_log_class_source(warehouse: Path, extra_options: str = "") -> str:
 
 def test_driver_loads_spark_and_delta_from_the_archive(tmp_path: Path) -> None:
     assert cds.is_current(), f"no current class archive at {cds.ARCHIVE}: `make setup` builds it"
-    assert delta_log_class_source(tmp_path / "warehouse") == "shared objects file (top)"
+    assert delta_log_class_source(tmp_path / "warehouse", cds.java_options()) == "shared objects file (top)"
 
 
 def test_an_archive_for_another_jvm_is_ignored_and_classes_load_from_the_jars(tmp_path: Path) -> None:
     other = tmp_path / "other.jsa"
     other.write_bytes(b"\0" * 4096)  # no archive header this JVM accepts (like another JDK's archive)
-    # The config's options come last, so this archive replaces the good one.
     source = delta_log_class_source(tmp_path / "warehouse", f"-XX:SharedArchiveFile={other}")
     assert source.startswith(("file:", "jar:file:")) and "delta-spark" in source
 

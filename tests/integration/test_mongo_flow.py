@@ -28,6 +28,7 @@ from ingest.progress import Progress
 from ingest.sources.mongodb.capture import MongoCapture, parse_stored_token
 from ingest.sources.mongodb.changes import from_ext_json, record_key
 from tests.conftest import bronze_events
+from tests.delta_rows import read
 from tests.integration.test_dbt_flow import dbt, silver
 from tests.mongo.server import mongo_java_server
 
@@ -69,11 +70,11 @@ def source(uri: str, db: Any, **extra: Any) -> MongoSource:
     )
 
 
-def capture_once(spark: Any, warehouse: Path, src: MongoSource) -> MongoCapture:
+def capture_once(warehouse: Path, src: MongoSource) -> MongoCapture:
     cap = MongoCapture(
         src,
         BatchConfig(max_events=1000, max_seconds=5),
-        BronzeWriter(spark, warehouse),
+        BronzeWriter(warehouse),
         Progress(src.name, enabled=False),
     )
     cap.run(once=True, should_stop=lambda: False)
@@ -98,25 +99,19 @@ def same_bson(a: Any, b: Any) -> bool:
     return bson.encode(a) == bson.encode(b)
 
 
-def writers(spark: Any, warehouse: Path, name: str) -> dict[str, Any]:
-    return {p.writer_id: p for p, _ in BronzeWriter(spark, warehouse).positions(name)}
+def writers(warehouse: Path, name: str) -> dict[str, Any]:
+    return {p.writer_id: p for p, _ in BronzeWriter(warehouse).positions(name)}
 
 
-def test_snapshot_then_stream_into_bronze(spark: Any, warehouse: Path, mongo_uri: str, mongo_db: Any) -> None:
+def test_snapshot_then_stream_into_bronze(warehouse: Path, mongo_uri: str, mongo_db: Any) -> None:
     coll = mongo_db.products
     coll.insert_many([product(i) for i in range(1, 8)])
     src = source(mongo_uri, mongo_db, snapshot_page_size=3)
 
     # First run: the stream registers, the snapshot reads 7 documents in _id order, 3 per page.
-    cap = capture_once(spark, warehouse, src)
+    cap = capture_once(warehouse, src)
     assert cap.snapshots_done == [f"{mongo_db.name}.products"]
-    pages = (
-        spark.read.format("delta")
-        .load(str(warehouse / "bronze/snapshot_pages"))
-        .where(f"source = '{src.name}'")
-        .orderBy("page_number", "row_index")
-        .collect()
-    )
+    pages = read(warehouse / "bronze/snapshot_pages", f"source = '{src.name}'", "page_number, row_index")
     assert [(p.page_number, p.row_index, p.last_page) for p in pages] == [
         (0, 0, False),
         (0, 1, False),
@@ -131,18 +126,18 @@ def test_snapshot_then_stream_into_bronze(spark: Any, warehouse: Path, mongo_uri
     assert [p.record_pk for p in pages] == [record_key(product(i)["_id"]) for i in range(1, 8)]
     assert all(same_bson(from_ext_json(p.record), product(i)) for p, i in zip(pages, range(1, 8), strict=True))
     assert [from_ext_json(p.key_text[0]) for p in pages] == [product(i)["_id"] for i in range(1, 8)]
-    rows = writers(spark, warehouse, src.name)
+    rows = writers(warehouse, src.name)
     assert list(rows) == ["stream"]  # the snapshot's row is removed when its last page is durable
     assert rows["stream"].writer_kind == WriterKind.STREAM
-    assert bronze_events(spark, warehouse, src.name) == []  # the pre-existing documents are not events
+    assert bronze_events(warehouse, src.name) == []  # the pre-existing documents are not events
 
     # Changes while streaming: insert, update, replace, delete.
     coll.insert_one(product(8))
     coll.update_one({"_id": product(2)["_id"]}, {"$set": {"qty": 20}, "$unset": {"blob": ""}})
     coll.replace_one({"_id": product(3)["_id"]}, {"name": "replaced", "qty": 30})
     coll.delete_one({"_id": product(4)["_id"]})
-    capture_once(spark, warehouse, src)
-    events = bronze_events(spark, warehouse, src.name)
+    capture_once(warehouse, src)
+    events = bronze_events(warehouse, src.name)
     assert [e.action for e in events] == ["insert", "update", "update", "delete"]
     assert [e.record_pk for e in events] == [record_key(product(i)["_id"]) for i in (8, 2, 3, 4)]
     assert all(
@@ -155,29 +150,29 @@ def test_snapshot_then_stream_into_bronze(spark: Any, warehouse: Path, mongo_uri
     assert from_ext_json(events[2].record) == {"_id": product(3)["_id"], "name": "replaced", "qty": 30}
     assert events[3].record is None and events[3].old_record == record_key(product(4)["_id"])
     assert all(e.commit_lsn > pages[-1].high_watermark_lsn for e in events)  # later than the snapshot
-    stream = writers(spark, warehouse, src.name)["stream"]
+    stream = writers(warehouse, src.name)["stream"]
     assert stream.durable_lsn == events[-1].commit_lsn
     stored = parse_stored_token(stream.resume_token)
     assert stored is not None and stored[0] == "resumeAfter"
 
     # A run with nothing new resumes after the token and writes nothing; then one more change.
-    capture_once(spark, warehouse, src)
-    assert len(bronze_events(spark, warehouse, src.name)) == 4
+    capture_once(warehouse, src)
+    assert len(bronze_events(warehouse, src.name)) == 4
     coll.update_one({"_id": product(5)["_id"]}, {"$inc": {"qty": 1}})
-    capture_once(spark, warehouse, src)
-    events = bronze_events(spark, warehouse, src.name)
+    capture_once(warehouse, src)
+    events = bronze_events(warehouse, src.name)
     assert [e.action for e in events] == ["insert", "update", "update", "delete", "update"]
     assert from_ext_json(events[-1].record)["qty"] == 6
 
     # Dropping the collection tombstones it like a truncate.
     coll.drop()
-    capture_once(spark, warehouse, src)
-    last = bronze_events(spark, warehouse, src.name)[-1]
+    capture_once(warehouse, src)
+    last = bronze_events(warehouse, src.name)[-1]
     assert last.action == "truncate" and last.truncated_tables == [f"{mongo_db.name}.products"]
 
 
 def test_stream_to_dbt_consumer_records_equal_the_collection(
-    spark: Any, warehouse: Path, mongo_uri: str, mongo_db: Any
+    warehouse: Path, mongo_uri: str, mongo_db: Any
 ) -> None:
     coll = mongo_db.products
     coll.insert_one({"_id": ObjectId(), "placeholder": True})  # the collection exists before the stream
@@ -185,7 +180,7 @@ def test_stream_to_dbt_consumer_records_equal_the_collection(
     coll.delete_many({})
     seeded = {i: product(i) for i in (9, 10)}  # before the first run: they arrive by the snapshot
     coll.insert_many(list(seeded.values()))
-    capture_once(spark, warehouse, src)
+    capture_once(warehouse, src)
     live = {i: product(i) for i in range(1, 9)}
     for doc in live.values():
         coll.insert_one(doc)
@@ -200,7 +195,7 @@ def test_stream_to_dbt_consumer_records_equal_the_collection(
         coll.delete_one({"_id": live[i]["_id"]})
         gone = live.pop(i)
         assert gone
-    capture_once(spark, warehouse, src)
+    capture_once(warehouse, src)
 
     dbt(
         warehouse,
@@ -208,7 +203,7 @@ def test_stream_to_dbt_consumer_records_equal_the_collection(
         "--vars",
         json.dumps({"changelake_mongodb_demo_source": src.name, "changelake_mongodb_demo_database": mongo_db.name}),
     )
-    recs = [r for r in silver(spark, warehouse, "consumer_records") if r.source == src.name]
+    recs = [r for r in silver(warehouse, "consumer_records") if r.source == src.name]
     current = {r.record_pk: r.record for r in recs if not r.deleted}
     assert set(current) == {record_key(d["_id"]) for d in live.values()}
     for d in live.values():
@@ -219,17 +214,14 @@ def test_stream_to_dbt_consumer_records_equal_the_collection(
     assert origins[record_key(seeded[9]["_id"])] == "snapshot"
     assert origins[record_key(seeded[10]["_id"])] == "stream"
 
-    events = [r for r in silver(spark, warehouse, "sequin_events") if r.source == src.name]
-    assert len(events) == len(bronze_events(spark, warehouse, src.name)) == 8 + 1 + 2 + 1 + 2
+    events = [r for r in silver(warehouse, "sequin_events") if r.source == src.name]
+    assert len(events) == len(bronze_events(warehouse, src.name)) == 8 + 1 + 2 + 1 + 2
     assert sorted(r.seq for r in events) == list(range(1, 15))
 
-    gold = {
-        r["_id"]: r
-        for r in spark.read.format("delta").load(str(warehouse / "dbt" / "gold.db" / "shop__products")).collect()
-    }
+    gold = {r["_id"]: r for r in read(warehouse / "dbt" / "gold.db" / "shop__products")}
     p1 = gold[str(product(1)["_id"])]
     assert (p1.name, str(p1.price), p1.qty, p1.views, p1.in_stock) == ("p1", "1.99", 1, 1 << 40 | 1, False)
-    # pyspark returns a naive datetime in the local zone: compare instants
+    # compare instants (whatever zone the reader gives the timestamp)
     assert p1.added_at.timestamp() == datetime(2024, 1, 1, 12, 0, 0, 123000, tzinfo=UTC).timestamp()
     assert json.loads(p1.tags) == ["a", {"n": {"$numberInt": "1"}}]
     p2 = gold[str(product(2)["_id"])]
@@ -239,21 +231,21 @@ def test_stream_to_dbt_consumer_records_equal_the_collection(
 
 
 def test_transaction_events_share_a_commit_lsn_in_order(
-    spark: Any, warehouse: Path, mongo_uri: str, mongo_db: Any, request: pytest.FixtureRequest
+    warehouse: Path, mongo_uri: str, mongo_db: Any, request: pytest.FixtureRequest
 ) -> None:
     if request.node.callspec.params["mongo_uri"] == "mongo-java-server":
         pytest.skip("mongo-java-server has no sessions or transactions (unit-tested in tests/unit/sources/mongodb)")
     coll = mongo_db.products
     coll.insert_one(product(1))
     src = source(mongo_uri, mongo_db)
-    capture_once(spark, warehouse, src)
+    capture_once(warehouse, src)
     with coll.database.client.start_session() as session, session.start_transaction():
         coll.insert_one(product(2), session=session)
         coll.update_one({"_id": product(1)["_id"]}, {"$set": {"qty": 7}}, session=session)
         coll.delete_one({"_id": product(2)["_id"]}, session=session)
         coll.insert_one(product(2), session=session)  # insert -> delete -> insert: the row is present
-    capture_once(spark, warehouse, src)
-    events = bronze_events(spark, warehouse, src.name)
+    capture_once(warehouse, src)
+    events = bronze_events(warehouse, src.name)
     assert [e.action for e in events] == ["insert", "update", "delete", "insert"]
     assert len({e.commit_lsn for e in events}) == 1
     assert [e.commit_index for e in events] == [0, 1, 2, 3]

@@ -73,10 +73,10 @@ def freeze(path: Path, on: bool) -> None:
         path.chmod(0o555 if on else 0o755)
 
 
-def test_failed_delta_commit_does_not_advance_the_slot(spark: Any, warehouse: Path, make_source: Any) -> None:
+def test_failed_delta_commit_does_not_advance_the_slot(warehouse: Path, make_source: Any) -> None:
     s = make_source(ITEMS, ["items"])
     prepare(s.config())
-    capture_once(spark, warehouse, s.config())  # creates bronze
+    capture_once(warehouse, s.config())  # creates bronze
     admin = PostgresAdmin(s.config())
     before = admin.slot_health().confirmed_flush_lsn
     s.execute("insert into items values (1, 'a')")
@@ -84,12 +84,12 @@ def test_failed_delta_commit_does_not_advance_the_slot(spark: Any, warehouse: Pa
     freeze(partition, True)  # the next append cannot create its files there (as a full disk would)
     try:
         with pytest.raises(BronzeWriteError):
-            capture_once(spark, warehouse, s.config())
+            capture_once(warehouse, s.config())
         assert admin.slot_health().confirmed_flush_lsn == before
     finally:
         freeze(partition, False)
-    capture_once(spark, warehouse, s.config())  # the change was kept by the slot and arrives now
-    assert [e.record_pk for e in bronze_events(spark, warehouse, s.name)] == ['{"id":1}']
+    capture_once(warehouse, s.config())  # the change was kept by the slot and arrives now
+    assert [e.record_pk for e in bronze_events(warehouse, s.name)] == ['{"id":1}']
     admin.close()
 
 

@@ -17,23 +17,23 @@ import pytest
 import yaml
 
 from tests.conftest import capture_once, prepare
+from tests.delta_rows import read
 from tests.silver_checks import dbt, silver, source_rows
 
 pytestmark = pytest.mark.integration
 
 
-def pages(spark: Any, warehouse: Path, source: str) -> list[Any]:
-    df = spark.read.format("delta").load(str(warehouse / "bronze" / "snapshot_pages")).where(f"source = '{source}'")
-    return df.orderBy("table_name", "high_watermark_lsn", "row_index").collect()
+def pages(warehouse: Path, source: str) -> list[Any]:
+    order = "table_name, high_watermark_lsn, row_index"
+    return read(warehouse / "bronze" / "snapshot_pages", f"source = '{source}'", order)
 
 
-def writers(spark: Any, warehouse: Path, source: str) -> list[Any]:
-    df = spark.read.format("delta").load(str(warehouse / "bronze" / "stream_positions"))
-    return df.where(f"source = '{source}'").collect()
+def writers(warehouse: Path, source: str) -> list[Any]:
+    return read(warehouse / "bronze" / "stream_positions", f"source = '{source}'")
 
 
 def test_initial_snapshot_writes_keyset_pages_and_retires_its_writer(
-    spark: Any, warehouse: Path, make_source: Any
+    warehouse: Path, make_source: Any
 ) -> None:
     s = make_source(
         "create table a (id int primary key, v text, flag boolean);"
@@ -44,9 +44,9 @@ def test_initial_snapshot_writes_keyset_pages_and_retires_its_writer(
     s.execute("insert into a select g, 'v' || g, g % 2 = 0 from generate_series(1, 25) g")
     s.execute("""insert into b select 'k' || (g % 3), g, jsonb_build_object('g', g) from generate_series(1, 7) g""")
     prepare(s.config())
-    capture_once(spark, warehouse, s.config(), snapshots=True, page_rows=10)
+    capture_once(warehouse, s.config(), snapshots=True, page_rows=10)
 
-    got = pages(spark, warehouse, s.name)
+    got = pages(warehouse, s.name)
     a = [r for r in got if r.table_name == "a"]
     assert [json.loads(r.record_pk)["id"] for r in a] == list(range(1, 26))
     assert [r.page_number for r in a] == [0] * 10 + [1] * 10 + [2] * 5
@@ -61,16 +61,16 @@ def test_initial_snapshot_writes_keyset_pages_and_retires_its_writer(
     empty = [r for r in got if r.table_name == "empty"]
     assert len(empty) == 1 and empty[0].record_pk is None and empty[0].row_index == -1 and empty[0].last_page
     # Every snapshot writer retired; only the stream's row is left.
-    assert [w.writer_id for w in writers(spark, warehouse, s.name)] == ["stream"]
+    assert [w.writer_id for w in writers(warehouse, s.name)] == ["stream"]
     # The stream saw every watermark (the run drained past them).
-    df = spark.read.format("delta").load(str(warehouse / "bronze" / "wal_events"))
-    marks = df.where(f"source = '{s.name}' and message_prefix = 'changelake.watermark'").collect()
+    where = f"source = '{s.name}' and message_prefix = 'changelake.watermark'"
+    marks = read(warehouse / "bronze" / "wal_events", where)
     assert len(marks) == 3 + 1 + 1
     assert max(m.commit_lsn for m in marks) > max(hws)
 
     # A second run snapshots nothing again: every table has a completed snapshot.
-    capture_once(spark, warehouse, s.config(), snapshots=True, page_rows=10)
-    assert len(pages(spark, warehouse, s.name)) == len(got)
+    capture_once(warehouse, s.config(), snapshots=True, page_rows=10)
+    assert len(pages(warehouse, s.name)) == len(got)
 
 
 RACE_TABLES = ["del_t", "upd_t", "held_t", "vis_t", "trunc_t", "pk_t"]
@@ -146,8 +146,8 @@ def random_load(dsn: str, schema: str, seed: int, stop: threading.Event) -> None
             time.sleep(rnd.uniform(0.002, 0.02))
 
 
-def check_live_equal(spark: Any, warehouse: Path, s: Any, tables: list[str], label: str) -> None:
-    recs = [r for r in silver(spark, warehouse, "consumer_records") if r.source == s.name]
+def check_live_equal(warehouse: Path, s: Any, tables: list[str], label: str) -> None:
+    recs = [r for r in silver(warehouse, "consumer_records") if r.source == s.name]
     for table in tables:
         live = {r.record_pk: json.loads(r.record) for r in recs if r.table_name == table and not r.deleted}
         assert live == source_rows(s, table, ["id"]), f"{label}: {table} differs from the source"
@@ -157,7 +157,7 @@ def check_live_equal(spark: Any, warehouse: Path, s: Any, tables: list[str], lab
 
 
 def test_snapshot_races_and_concurrent_load_reproduce_the_source(
-    spark: Any, warehouse: Path, make_source: Any, pg_dsn: str
+    warehouse: Path, make_source: Any, pg_dsn: str
 ) -> None:
     print(f"snapshot seed: {SEED} (rerun with CHANGELAKE_TEST_SEED={SEED})")
     # Deterministic interleavings (DESIGN §5, §7.4), all in one source.
@@ -166,14 +166,14 @@ def test_snapshot_races_and_concurrent_load_reproduce_the_source(
         races.execute(f"insert into {t} select g, 'v' || g from generate_series(1, 25) g")
     prepare(races.config())
     hook = Races(pg_dsn, races.schema)
-    capture_once(spark, warehouse, races.config(), snapshots=True, page_rows=10, snapshot_hook=hook)
+    capture_once(warehouse, races.config(), snapshots=True, page_rows=10, snapshot_hook=hook)
     assert len(hook.fired) == 7, hook.fired
-    held = [p for p in pages(spark, warehouse, races.name) if p.table_name == "held_t" and p.page_number == 0]
+    held = [p for p in pages(warehouse, races.name) if p.table_name == "held_t" and p.page_number == 0]
     # The race really happened: the held transaction was in progress for the page's snapshot ...
     assert hook.held_xid is not None
     assert hook.held_xid >= held[0].snapshot_xmax or hook.held_xid in held[0].snapshot_xip
     assert json.loads(held[4].record)["v"] == "v5"  # ... so the page read the old value
-    vis = [p for p in pages(spark, warehouse, races.name) if p.table_name == "vis_t" and p.page_number == 0]
+    vis = [p for p in pages(warehouse, races.name) if p.table_name == "vis_t" and p.page_number == 0]
     assert json.loads(vis[4].record)["v"] == "visible"
 
     # Randomized: write load on two tables while they are snapshotted in small pages, two seeds.
@@ -189,27 +189,27 @@ def test_snapshot_races_and_concurrent_load_reproduce_the_source(
         writer = threading.Thread(target=random_load, args=(pg_dsn, s.schema, SEED + k, stop))
         writer.start()
         try:
-            capture_once(spark, warehouse, s.config(), snapshots=True, page_rows=8)
+            capture_once(warehouse, s.config(), snapshots=True, page_rows=8)
         finally:
             stop.set()
             writer.join()
-        capture_once(spark, warehouse, s.config(), snapshots=True, page_rows=8)  # quiescent: catch up
+        capture_once(warehouse, s.config(), snapshots=True, page_rows=8)  # quiescent: catch up
         loads.append(s)
 
     dbt(warehouse, "build")
-    check_live_equal(spark, warehouse, races, RACE_TABLES, "races")
+    check_live_equal(warehouse, races, RACE_TABLES, "races")
     recs = {
-        (r.table_name, r.record_pk): r for r in silver(spark, warehouse, "consumer_records") if r.source == races.name
+        (r.table_name, r.record_pk): r for r in silver(warehouse, "consumer_records") if r.source == races.name
     }
     assert recs[("del_t", '{"id":5}')].deleted  # invariant 4: the page read before the delete does not undo it
     assert recs[("pk_t", '{"id":5}')].deleted and not recs[("pk_t", '{"id":1000}')].deleted
     assert recs[("upd_t", '{"id":6}')].origin == "snapshot"
     for k, s in enumerate(loads):
-        check_live_equal(spark, warehouse, s, ["r1", "r2"], f"seed {SEED + k}")
+        check_live_equal(warehouse, s, ["r1", "r2"], f"seed {SEED + k}")
 
 
 def test_snapshot_resumes_after_sigkill_from_its_last_durable_page(
-    tmp_path: Path, spark: Any, make_source: Any
+    tmp_path: Path, make_source: Any
 ) -> None:
     s = make_source("create table big (id int primary key, v text)", ["big"])
     s.execute("insert into big select g, 'v' || g from generate_series(1, 45) g")
@@ -234,18 +234,18 @@ def test_snapshot_resumes_after_sigkill_from_its_last_durable_page(
         return p.returncode
 
     assert run("snapshot_after_page_commit:2") == -9  # SIGKILL right after page 1 is committed
-    before = pages(spark, warehouse, s.name)
+    before = pages(warehouse, s.name)
     assert sorted({p.page_number for p in before}) == [0, 1]
-    snapshot_writers = [w for w in writers(spark, warehouse, s.name) if w.writer_kind == "snapshot"]
+    snapshot_writers = [w for w in writers(warehouse, s.name) if w.writer_kind == "snapshot"]
     assert len(snapshot_writers) == 1  # the unfinished snapshot's writer is still registered
     s.execute("update big set v = 'changed' where id in (3, 33)")
     s.execute("delete from big where id = 44")
 
     assert run(None) == 0
-    got = [p for p in pages(spark, warehouse, s.name) if p.snapshot_id == before[0].snapshot_id]
+    got = [p for p in pages(warehouse, s.name) if p.snapshot_id == before[0].snapshot_id]
     numbers = [p.page_number for p in got]
     assert sorted(set(numbers)) == [0, 1, 2, 3, 4]
     assert numbers.count(0) == 10 and numbers.count(1) == 10  # not restarted from the first page
     ids = sorted(json.loads(p.record_pk)["id"] for p in got if p.record_pk)
     assert ids == [i for i in range(1, 46) if i != 44]  # resumed after key 20, read 21..45 minus the delete
-    assert [w.writer_id for w in writers(spark, warehouse, s.name)] == ["stream"]
+    assert [w.writer_id for w in writers(warehouse, s.name)] == ["stream"]

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import bronze_events, capture_once, prepare
+from tests.delta_rows import read
 
 pytestmark = pytest.mark.integration
 
@@ -85,13 +86,13 @@ EXPECTED = {
 }
 
 
-def test_type_matrix_round_trips(spark: Any, warehouse: Any, make_source: Any) -> None:
+def test_type_matrix_round_trips(warehouse: Any, make_source: Any) -> None:
     s = make_source(TYPES_SQL, ["typed"])
     prepare(s.config())
     for sql in ROWS:
         s.execute(sql)
-    capture_once(spark, warehouse, s.config())
-    records = {json.loads(e.record_pk)["id"]: json.loads(e.record) for e in bronze_events(spark, warehouse, s.name)}
+    capture_once(warehouse, s.config())
+    records = {json.loads(e.record_pk)["id"]: json.loads(e.record) for e in bronze_events(warehouse, s.name)}
     assert set(records) == {1, 2, 3, 4}
     for rid, expected in EXPECTED.items():
         got = {k: records[rid][k] for k in expected}
@@ -101,17 +102,12 @@ def test_type_matrix_round_trips(spark: Any, warehouse: Any, make_source: Any) -
     assert records[2]["c_json"] == "null" and records[3]["c_json"] is None
 
 
-def test_source_relations_record_types_and_key(spark: Any, warehouse: Any, make_source: Any) -> None:
+def test_source_relations_record_types_and_key(warehouse: Any, make_source: Any) -> None:
     s = make_source(TYPES_SQL, ["typed"])
     prepare(s.config())
     s.execute(ROWS[2])
-    capture_once(spark, warehouse, s.config())
-    rel = (
-        spark.read.format("delta")
-        .load(str(warehouse / "bronze" / "source_relations"))
-        .where(f"source = '{s.name}'")
-        .collect()
-    )
+    capture_once(warehouse, s.config())
+    rel = read(warehouse / "bronze" / "source_relations", f"source = '{s.name}'")
     assert len(rel) == 1
     cols = {c.name: c for c in rel[0].columns}
     assert cols["id"].pk_position == 1 and cols["c_int2"].pk_position is None

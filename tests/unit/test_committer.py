@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from ingest.bronze import committer as committer_mod
 from ingest.bronze.committer import Batch, Committer
 from ingest.events import Action, ChangeEvent, WriterKind, WriterPosition
 from ingest.progress import Progress
@@ -91,7 +90,7 @@ def test_idle_batches_raise_their_position_at_once() -> None:
     ]
 
 
-def test_a_backlog_shares_position_rows_and_drain_leaves_the_last_one_raised() -> None:
+def test_a_backlog_raises_every_durable_point_in_order() -> None:
     w = RecordingWriter()
     c = make(w)
     w.gate.clear()  # hold the first append so that the next batch queues behind it
@@ -102,12 +101,11 @@ def test_a_backlog_shares_position_rows_and_drain_leaves_the_last_one_raised() -
     c.drain()
     c.close()
     check_order(w.calls)
-    positions = [lsn for kind, lsn in w.calls if kind == "position"]
-    assert positions[-1] == 30 and len(positions) < 3, w.calls
+    assert [lsn for kind, lsn in w.calls if kind == "position"] == [10, 20, 30], w.calls
     assert (c.durable_lsn, c.ack_lsn) == (30, 31)
 
 
-def test_a_deferred_position_is_raised_after_a_mid_transaction_page() -> None:
+def test_a_position_is_raised_before_a_mid_transaction_page() -> None:
     """A batch ending inside a transaction carries no durable point: the one before it must still be raised."""
     w = RecordingWriter()
     c = make(w)
@@ -119,19 +117,6 @@ def test_a_deferred_position_is_raised_after_a_mid_transaction_page() -> None:
     c.close()
     check_order(w.calls)
     assert ("position", 10) in w.calls and (c.durable_lsn, c.ack_lsn) == (10, 11)
-
-
-def test_deferral_is_bounded_in_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(committer_mod, "POSITION_DEFER_MAX_S", 0.0)
-    w = RecordingWriter()
-    c = make(w)
-    w.gate.clear()
-    c.submit(Batch([event(10)], durable_lsn=10, ack_lsn=11))
-    c.submit(Batch([event(20)], durable_lsn=20, ack_lsn=21))
-    w.gate.set()
-    c.drain()
-    c.close()
-    assert [lsn for kind, lsn in w.calls if kind == "position"] == [10, 20]
 
 
 @pytest.mark.parametrize("seed", range(20))

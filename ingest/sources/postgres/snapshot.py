@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 import uuid
@@ -30,7 +29,7 @@ from psycopg import pq, sql
 from ingest import faults
 from ingest.bronze.writer import BronzeWriter
 from ingest.config import PostgresSource
-from ingest.errors import SourceError
+from ingest.errors import BronzeWriteError, SourceError
 from ingest.events import SnapshotPage, SnapshotRow, WriterKind, WriterPosition
 from ingest.progress import Progress
 from ingest.sources.postgres.admin import PostgresAdmin, connect
@@ -366,28 +365,28 @@ class Snapshotter:
         `snapshot.reread_from` says otherwise); nothing to do if dbt has not built it yet. Each key
         is requested once per state of its record in this process.
         """
-        path = self.src.snapshot.reread_from or str(self.writer.root.parent / "dbt" / "silver.db" / "consumer_records")
-        if path.startswith("/") and not os.path.isdir(os.path.join(path, "_delta_log")):
+        path = self.src.snapshot.reread_from or f"{self.writer.warehouse}/dbt/silver.db/consumer_records"
+        if not self.writer.tables.exists(path):
             return []
-        spark = self.writer.spark
+        # delta-rs's query engine applies consumer_records' deletion vectors; its pyarrow dataset
+        # reader refuses such a table (DeltaProtocolError) rather than return deleted rows. Any
+        # other failure to read it is an error: re-reading the wrong keys is not an option.
         try:
-            df = spark.read.format("delta").load(path)
-            rows = (
-                df.where((df.source == self.src.name) & df.needs_reread & ~df.deleted)
-                .select("table_schema", "table_name", "record_pk", "commit_lsn", "commit_index")
-                .collect()
-            )
-        except Exception as e:  # silver is optional to ingest: say why nothing is re-read, go on
-            log.warning("no re-read of needs_reread keys source=%s path=%s error=%s", self.src.name, path, e)
-            return []
+            rows = self.writer.tables.query(
+                "select table_schema, table_name, record_pk, commit_lsn, commit_index from t "
+                f"where source = '{self.src.name}' and needs_reread and not deleted",
+                t=path,
+            ).to_pylist()
+        except Exception as e:
+            raise BronzeWriteError(f"cannot read needs_reread keys from {path}: {e}") from e
         by_table: dict[str, list[tuple[str, ...]]] = {}
         for r in rows:
-            seen = (r.table_schema, r.table_name, r.record_pk, r.commit_lsn, r.commit_index)
-            table = f"{r.table_schema}.{r.table_name}"
+            seen = (r["table_schema"], r["table_name"], r["record_pk"], r["commit_lsn"], r["commit_index"])
+            table = f"{r['table_schema']}.{r['table_name']}"
             if seen in self._reread_seen or table not in self.src.tables:
                 continue
             self._reread_seen.add(seen)
-            values = json.loads(r.record_pk).values()
+            values = json.loads(r["record_pk"]).values()
             by_table.setdefault(table, []).append(tuple(v if isinstance(v, str) else json.dumps(v) for v in values))
         tables, keys = [], []
         for table, ks in by_table.items():

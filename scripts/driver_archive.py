@@ -1,19 +1,18 @@
-"""A class-data-sharing archive of the driver JVM: Spark's and Delta's classes, loaded pre-parsed.
+"""A class-data-sharing archive of dbt's Spark driver JVM: Spark's and Delta's classes, pre-parsed.
 
-A Spark driver loads and verifies some 20k classes before its first Delta commit; every `run
---once`, `status` and `snapshot` is a new JVM that pays it again. `make setup` runs
-`python -m ingest.cds`, which starts a driver with `-XX:ArchiveClassesAtExit`, walks the bronze
-writer through what ingest does (create the tables, append a batch, raise a position, read them
-back) in a throwaway warehouse, and keeps the archive the JVM writes when it exits. Drivers
-started afterwards map it (`-XX:SharedArchiveFile`); measured: process start to the first Delta
-commit and reads 12.3 s instead of 19-21 s (docs/delivery.md).
+A Spark driver loads and verifies some 20k classes before its first Delta query; every `dbt`
+command of the `local` target is a new JVM that pays it again (ingest starts no JVM). `make setup`
+runs this script, which starts a driver with `-XX:ArchiveClassesAtExit`, walks it through what a
+dbt run does (read a Delta table by path, create, insert into and merge into a Delta table, read
+its history) in a throwaway warehouse, and keeps the archive the JVM writes when it exits. dbt's
+drivers map it (`-XX:SharedArchiveFile` in profiles.yml); measured in docs/dbt.md.
 
 The JVM checks the archive against its own build and class path; an archive that does not match
 (other JDK, other jars) or is missing is ignored, silently. A truncated archive would crash the
 JVM instead, so the build checks that a JVM starts with the new archive before it moves it into
 place (by rename: running drivers keep the file they mapped).
 
-Usage: python -m ingest.cds [--force]   (rebuilds when missing or older than pyspark's jars)
+Usage: python scripts/driver_archive.py [--force]   (rebuilds when missing or older than pyspark's jars)
 """
 
 from __future__ import annotations
@@ -76,17 +75,12 @@ def is_current(archive: Path = ARCHIVE) -> bool:
 
 
 def build(archive: Path = ARCHIVE) -> float:
-    """Run the bronze writer's steps in a driver that dumps its classes to `archive`; returns seconds.
+    """Run dbt's kind of Delta work in a driver that dumps its classes to `archive`; returns seconds.
 
     The dump happens when the JVM exits, so this waits for the driver process to end, and moves
     the file into place only then (a reader never maps a half-written archive).
     """
-    from datetime import UTC, datetime
-
-    from ingest.bronze.writer import BronzeWriter
-    from ingest.config import SparkConfig
-    from ingest.events import Action, ChangeEvent, RelationShape, WriterKind, WriterPosition
-    from ingest.spark import build_spark
+    from pyspark.sql import SparkSession
 
     t0 = time.monotonic()
     archive.parent.mkdir(parents=True, exist_ok=True)
@@ -95,23 +89,25 @@ def build(archive: Path = ARCHIVE) -> float:
     try:
         # Quiet: the JVM lists every class it cannot archive (generated, signed jars) as a warning.
         dump = f"-XX:ArchiveClassesAtExit={partial} {_QUIET}"
-        conf = {"spark.driver.extraJavaOptions": dump, "spark.driver.memory": "1g"}
-        spark = build_spark(SparkConfig(conf=conf), app_name="changelake-cds", short_lived=True)
-        writer = BronzeWriter(spark, work / "warehouse")
-        writer.ensure_tables()
-        lsn = 1 << 24
-        events = [
-            ChangeEvent(lsn, i, 1, 1_700_000_000_000_000, Action.INSERT, "public", "t", 1, f'{{"id":{i}}}', None, "{}")
-            for i in range(1000)
-        ]
-        writer.append_relations("cds", [RelationShape(1, "public", "t", "default", (), lsn)])
-        writer.append_events("cds", "postgres", "stream", events, {lsn: lsn + 1})
-        writer.raise_position(WriterPosition("cds", "stream", WriterKind.STREAM, lsn, lsn + 1), datetime.now(UTC))
-        writer.positions("cds")
-        writer.last_event_position("cds", "stream")
-        writer.known_shapes("cds")
-        writer.completed_snapshots("cds")
-        writer.max_commit_time("cds")
+        spark = (
+            SparkSession.builder.appName("changelake-cds")
+            .master("local[2]")
+            .config("spark.driver.extraJavaOptions", dump)
+            .config("spark.driver.memory", "1g")
+            .config("spark.ui.enabled", "false")
+            .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+            .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+            .getOrCreate()
+        )
+        t = f"delta.`{work / 'warehouse' / 't'}`"
+        spark.sql(f"create table {t} (k bigint, v string, d boolean) using delta partitioned by (d)")
+        spark.sql(f"insert into {t} select id, cast(id as string), false from range(1000)")
+        spark.sql(
+            f"merge into {t} as t using (select id as k, 'x' as v, id % 2 = 0 as d from range(500)) as s "
+            "on t.k = s.k when matched then update set * when not matched then insert *"
+        )
+        spark.sql(f"select d, count(*), max(struct(k, v)) from {t} group by d").collect()
+        spark.sql(f"describe history {t}").collect()
         gateway = spark.sparkContext._gateway
         spark.stop()
         # The JVM exits (and writes the archive) when its stdin closes; wait for it.
