@@ -10,7 +10,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # dbt reads profiles.yml from the project directory
 export DBT_PROFILES_DIR ?= $(CURDIR)
 
-.PHONY: setup pg demo test test-unit test-integration test-cluster lint bench bench-cluster clean pg-stop \
+.PHONY: setup pg demo test test-unit test-integration test-cluster lint bench clean pg-stop \
 	cluster-up cluster-down cluster-status
 
 $(STAMP): requirements.txt pyproject.toml
@@ -55,9 +55,6 @@ lint: setup
 bench: setup pg
 	@$(PY) bench/ingest_throughput.py
 	@$(PY) bench/decode_ceiling.py
-
-bench-cluster: setup pg
-	@$(PY) bench/cluster_vs_local.py
 
 # A Spark standalone master + worker + Thrift server on loopback for `dbt build --target cluster`
 # and config/cluster.yml (docs/cluster.md). Ports and sizes: see scripts/cluster.sh.

@@ -185,10 +185,23 @@ def event_sql(
 
 
 def _spark() -> Any:
-    from ingest.config import SparkConfig
-    from ingest.spark import build_spark
+    """A local Spark with Delta: the generator of this benchmark's synthetic bronze, and silver's reader.
 
-    return build_spark(SparkConfig(conf={"spark.driver.memory": "3g"}), app_name="changelake-bench")
+    Ingest writes bronze with delta-rs; only this synthetic, throwaway warehouse gets its millions
+    of generated rows from Spark (spark.range), into tables the BronzeWriter created.
+    """
+    from pyspark.sql import SparkSession
+
+    return (
+        SparkSession.builder.appName("changelake-bench")
+        .master("local[2]")
+        .config("spark.driver.memory", "3g")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+        .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+        .getOrCreate()
+    )
 
 
 def _append_events(spark: Any, path: str, sql: str, n: int) -> None:
@@ -205,7 +218,7 @@ def step_history(wh: Path, history: int, tables: int) -> None:
     from ingest.events import ColumnShape, RelationShape, WriterKind, WriterPosition
 
     spark = _spark()
-    writer = BronzeWriter(spark, wh)
+    writer = BronzeWriter(wh)
     writer.ensure_tables()
     now_us = int(time.time() * 1e6)
     sql = event_sql(0, history_keys=None, tables=tables, touched=[], ingested_us=now_us - 3_600_000_000)
@@ -238,7 +251,7 @@ def step_batch(wh: Path, history: int, batch: int, tables: int, touched: list[in
     from ingest.events import WriterKind, WriterPosition
 
     spark = _spark()
-    writer = BronzeWriter(spark, wh)
+    writer = BronzeWriter(wh)
     path = writer.path(WAL_EVENTS_TABLE)
     g0 = batch_start(history)
     now_us = int(time.time() * 1e6)

@@ -3,11 +3,13 @@
 Generates >= 1M row changes in a throwaway schema, with two slots created before the WAL: one for
 pg_recvlogical (the baseline: the server's decoding plus a C client that writes nothing) and one
 for changelake-ingest (decode, JSON, Arrow, Delta commits, positions). Prints both rates and the
-ratio, and the peak RSS of ingest's Python process and of its Spark JVM. A second part measures one
-single transaction of 1M rows (it must stream through in pages, not be held whole).
+ratio, the CPU time of each process, the peak RSS of ingest (and of any child process: there should
+be none, ingest starts no JVM), and the time from process start to the first bronze commit. A
+second part measures one single transaction of 1M rows (it must stream through in pages, not be
+held whole).
 
 Usage: .venv/bin/python bench/ingest_throughput.py [--rows 1000000] [--single-txn-rows 1000000]
-       [--batch-events 200000] [--spark-conf KEY=VALUE ...]
+       [--batch-events 200000]
 """
 
 from __future__ import annotations
@@ -72,13 +74,13 @@ def walsenders() -> list[int]:
 
 
 class PeakRss(threading.Thread):
-    """Samples the RSS of a process (python) and, separately, the largest of its descendants (the JVM),
+    """Samples the RSS of a process (python) and, separately, the largest of its descendants (none expected),
     and the CPU time of each and of the walsenders that run meanwhile (last sample before exit)."""
 
     def __init__(self, pid: int) -> None:
         super().__init__(daemon=True)
         self.pid, self.py_peak, self.jvm_peak, self.stop = pid, 0, 0, False
-        self.cpu: dict[str, dict[int, float]] = {"python": {}, "jvm": {}, "walsender": {}}
+        self.cpu: dict[str, dict[int, float]] = {"python": {}, "children": {}, "walsender": {}}
         self.wal_before = {p: cpu_seconds(p) for p in walsenders()}
 
     def run(self) -> None:
@@ -86,14 +88,14 @@ class PeakRss(threading.Thread):
             self.py_peak = max(self.py_peak, rss_kb(self.pid))
             kids = descendants(self.pid)
             self.jvm_peak = max([self.jvm_peak] + [rss_kb(k) for k in kids])
-            for group, pids in (("python", [self.pid]), ("jvm", kids), ("walsender", walsenders())):
+            for group, pids in (("python", [self.pid]), ("children", kids), ("walsender", walsenders())):
                 for p in pids:
                     used = cpu_seconds(p) - (self.wal_before.get(p, 0.0) if group == "walsender" else 0.0)
                     self.cpu[group][p] = max(self.cpu[group].get(p, 0.0), used)
             time.sleep(0.2)
 
     def cpu_line(self, client: str = "python") -> str:
-        total = {(client if g == "python" else g): sum(v.values()) for g, v in self.cpu.items() if v or g != "jvm"}
+        total = {(client if g == "python" else g): sum(v.values()) for g, v in self.cpu.items() if v or g != "children"}
         return ", ".join(f"{g} {s:.1f} s" for g, s in total.items()) + f" (sum {sum(total.values()):.1f} s)"
 
 
@@ -121,10 +123,10 @@ def run_ingest(cfg: Path) -> tuple[float, PeakRss, str, float]:
 
 
 def startup_seconds(log: str, started: float) -> float | None:
-    """Seconds from process start to the end of registration: Python imports, source checks, JVM
-    start, bronze tables and Delta warm-up (the timestamp of the `registered` log line)."""
+    """Seconds from process start to the first bronze commit: Python imports, source checks, bronze
+    tables, registration, the first batch (the timestamp of the first `committed` log line)."""
     for line in log.splitlines():
-        if "registered source=" in line:
+        if "committed source=" in line:
             stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
             return stamp.timestamp() - started
     return None
@@ -135,9 +137,6 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--single-txn-rows", type=int, default=1_000_000)
     ap.add_argument("--batch-events", type=int, default=200_000, help="ingest's batch.max_events")
-    ap.add_argument(
-        "--spark-conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark setting for ingest"
-    )
     args = ap.parse_args()
     d = dsn()
     suffix = secrets.token_hex(3)
@@ -155,7 +154,6 @@ def main() -> None:
             yaml.safe_dump(
                 {
                     "warehouse": str(work / "warehouse"),
-                    "spark": {"conf": {"spark.driver.memory": "2g", **dict(c.split("=", 1) for c in args.spark_conf)}},
                     "batch": {"max_events": args.batch_events, "max_seconds": 10},
                     "sources": [
                         {
@@ -240,14 +238,14 @@ def main() -> None:
         print(f"pg_recvlogical (pgoutput -> /dev/null): {recv_s:6.1f} s  {recv_rate:9,.0f} changes/s")
         print(
             f"changelake-ingest run --once:          {ingest_s:6.1f} s  {rate:9,.0f} changes/s "
-            f"(incl. {warm:.0f} s start-up: imports, checks, JVM, bronze tables, Delta warm-up)"
+            f"(start-up to the first commit: {warm:.2f} s)"
         )
         print(f"  excluding start-up:                   {ingest_s - warm:6.1f} s  {steady:9,.0f} changes/s")
         print(
             f"ratio ingest / pg_recvlogical: {rate / recv_rate:.2f} (wall clock), "
             f"{steady / recv_rate:.2f} (excluding start-up)"
         )
-        print(f"peak RSS: python {peak.py_peak / 1024:.0f} MiB, Spark JVM {peak.jvm_peak / 1024:.0f} MiB")
+        print(f"peak RSS: python {peak.py_peak / 1024:.0f} MiB, child processes {peak.jvm_peak / 1024:.0f} MiB")
         recv_line = recv_cpu.cpu_line(client="pg_recvlogical")
         print(f"CPU time (2 cores), pg_recvlogical run: {recv_line}, over {recv_s:.1f} s of wall clock")
         print(f"CPU time (2 cores), ingest run: {peak.cpu_line()}, over {ingest_s:.1f} s of wall clock")
@@ -262,7 +260,7 @@ def main() -> None:
             secs, peak, _, _ = run_ingest(cfg)
             print(
                 f"single transaction of {args.single_txn_rows:,} rows: {secs:.1f} s, peak RSS python "
-                f"{peak.py_peak / 1024:.0f} MiB, Spark JVM {peak.jvm_peak / 1024:.0f} MiB"
+                f"{peak.py_peak / 1024:.0f} MiB, child processes {peak.jvm_peak / 1024:.0f} MiB"
             )
     finally:
         with psycopg.connect(d, autocommit=True) as c:

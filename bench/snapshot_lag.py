@@ -37,12 +37,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from ingest.bronze.writer import BronzeWriter  # noqa: E402
-from ingest.config import BatchConfig, PostgresSource, SnapshotSettings, SparkConfig  # noqa: E402
+from ingest.config import BatchConfig, PostgresSource, SnapshotSettings  # noqa: E402
 from ingest.events import lsn_to_int  # noqa: E402
 from ingest.progress import Progress  # noqa: E402
 from ingest.sources.postgres.capture import PostgresCapture, prepare_source  # noqa: E402
 from ingest.sources.postgres.snapshot import Snapshotter  # noqa: E402
-from ingest.spark import build_spark  # noqa: E402
 
 
 def dsn() -> str:
@@ -82,7 +81,7 @@ def slot_lag(conn: psycopg.Connection[Any], slot: str) -> tuple[int, int, int]:
     return cur, flushed, cur - flushed
 
 
-def run_mode(mode: str, spark: Any, d: str, schema: str, table: str, page_rows: int) -> dict[str, float]:
+def run_mode(mode: str, d: str, schema: str, table: str, page_rows: int) -> dict[str, float]:
     name = f"bench_{mode}_{secrets.token_hex(3)}"
     src = PostgresSource(
         kind="postgres",
@@ -94,7 +93,7 @@ def run_mode(mode: str, spark: Any, d: str, schema: str, table: str, page_rows: 
     )
     prepare_source(src).close()  # the slot exists from here: it retains every change from now on
     wh = Path(tempfile.mkdtemp(prefix=f"snaplag-{mode}-"))
-    writer = BronzeWriter(spark, wh)
+    writer = BronzeWriter(wh)
     writer.ensure_tables()
     conn = psycopg.connect(d, autocommit=True)
     stop_stream = threading.Event()
@@ -155,8 +154,6 @@ def main() -> None:
         c.execute(f"create table {schema}.items (id bigint primary key, v text, n int not null default 0)")
         c.execute(f"insert into {schema}.items select g, md5(g::text), 0 from generate_series(1, {args.rows}) g")
         c.execute(f"vacuum analyze {schema}.items")
-    spark = build_spark(SparkConfig())
-    spark.range(1).write.format("delta").mode("overwrite").save(tempfile.mkdtemp() + "/warm")  # warm the JVM
     results = {}
     try:
         for mode in ("a", "b"):
@@ -166,7 +163,7 @@ def main() -> None:
             gen.start()
             time.sleep(2)
             try:
-                results[mode] = run_mode(mode, spark, d, schema, "items", args.page_rows)
+                results[mode] = run_mode(mode, d, schema, "items", args.page_rows)
             finally:
                 stop.set()
                 gen.join()

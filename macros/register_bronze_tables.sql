@@ -2,16 +2,15 @@
     {#-
         on-run-start: make bronze.<table> point at the Delta tables ingest writes by path under
         var('changelake_bronze_root'). Ingest never touches the metastore.
-        - A path that already holds a Delta table is registered as it is (schema from its log).
-        - A contract table whose path is still empty is created empty with the documented schema and
-          partitioning, so that sources (and every model) always resolve.
+        - A path that holds a Delta table is registered as it is (schema from its log).
+        - A missing one is an error: bronze is created and written only by ingest (delta-rs; no
+          Spark job writes bronze, docs/cluster.md), so dbt says to run ingest first.
         Existence is probed with one glob over the bronze root's _delta_log directories; the probe
         also lists the bronze schema's own (always present, empty) directory so the glob never
         matches nothing.
     -#}
     {%- if not execute -%}{{ return('') }}{%- endif -%}
     {%- set bronze_root = var('changelake_bronze_root').rstrip('/') -%}
-    {%- set contract = bronze_table_ddl() -%}
     {%- set known_tables = ['wal_events', 'stream_positions', 'source_relations', 'snapshot_pages'] -%}
 
     {%- do run_query('create schema if not exists bronze') -%}
@@ -30,6 +29,30 @@
             {%- set shared.n = loop.index -%}
         {%- else -%}
             {%- set shared.open = false -%}
+        {%- endif -%}
+    {%- endfor -%}
+    {%- if shared.n == 0 -%}
+        {%- do exceptions.raise_compiler_error(
+            'bronze schema location ' ~ schema_location ~ ' and bronze root ' ~ bronze_root
+            ~ ' share no parent directory; put spark.sql.warehouse.dir on the same file system') -%}
+    {%- endif -%}
+    {%- set probe -%}
+        select distinct regexp_extract(path, '/([^/]+)/_delta_log/[^/]+$', 1) as table_name
+        from binaryFile.`{{ probe_parts[:shared.n] | join('/') }}/{{ '{' -}}
+            {{ probe_parts[shared.n:] | join('/') }},{{ root_parts[shared.n:] | join('/') }}/*/_delta_log
+        {{- '}' }}`
+    {%- endset -%}
+    {%- set existing = run_query(probe).columns[0].values() | list -%}
+
+    {%- for table_name in known_tables -%}
+        {%- set location = bronze_root ~ '/' ~ table_name -%}
+        {%- if table_name in existing -%}
+            {%- do run_query(
+                'create table if not exists bronze.' ~ table_name ~ " using delta location '" ~ location ~ "'") -%}
+        {%- else -%}
+            {%- do exceptions.raise_compiler_error(
+                'bronze.' ~ table_name ~ ' not found at ' ~ location
+                ~ ': bronze is created by ingest; run `changelake-ingest run --once` first') -%}
         {%- endif -%}
     {%- endfor -%}
     {%- if shared.n == 0 -%}

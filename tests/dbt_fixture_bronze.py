@@ -1,7 +1,8 @@
 """Write fake bronze rows by path (docs/bronze.md) to exercise the dbt models without ingest.
 
 Usage: python tests/dbt_fixture_bronze.py WAREHOUSE PHASE   (PHASE 1 creates, 2 and 3 append)
-Phase 1 writes two customers and an order flow with a re-delivered duplicate, a heartbeat and a
+Bronze is written the way ingest writes it (delta-rs, ingest's schemas). Phase 1 writes two
+customers and an order flow with a re-delivered duplicate, a heartbeat and a
 second writer holding the safe bound back; phase 2 raises the bound and adds a PK change, TOAST,
 insert->delete->insert and a truncate; phase 3 adds nothing to wal_events but raises positions.
 For local dbt development only; the integration tests use real ingest output.
@@ -13,72 +14,11 @@ import datetime as dt
 import json
 import sys
 
-from pyspark.sql import SparkSession
-from pyspark.sql import types as T
+import pyarrow as pa
+from deltalake import write_deltalake
 
-WAL_SCHEMA = T.StructType(
-    [
-        T.StructField("source", T.StringType()),
-        T.StructField("source_kind", T.StringType()),
-        T.StructField("commit_lsn", T.LongType()),
-        T.StructField("commit_index", T.IntegerType()),
-        T.StructField("end_lsn", T.LongType()),
-        T.StructField("xid", T.LongType()),
-        T.StructField("commit_timestamp", T.TimestampType()),
-        T.StructField("action", T.StringType()),
-        T.StructField("table_schema", T.StringType()),
-        T.StructField("table_name", T.StringType()),
-        T.StructField("relation_id", T.LongType()),
-        T.StructField("record_pk", T.StringType()),
-        T.StructField("old_record_pk", T.StringType()),
-        T.StructField("record", T.StringType()),
-        T.StructField("old_record", T.StringType()),
-        T.StructField("unchanged_toast", T.ArrayType(T.StringType())),
-        T.StructField("truncated_tables", T.ArrayType(T.StringType())),
-        T.StructField("truncate_options", T.IntegerType()),
-        T.StructField("message_prefix", T.StringType()),
-        T.StructField("message_content", T.StringType()),
-        T.StructField("message_transactional", T.BooleanType()),
-        T.StructField("writer_id", T.StringType()),
-        T.StructField("ingested_at", T.TimestampType()),
-    ]
-)
-POSITIONS_SCHEMA = T.StructType(
-    [
-        T.StructField("source", T.StringType()),
-        T.StructField("writer_id", T.StringType()),
-        T.StructField("writer_kind", T.StringType()),
-        T.StructField("durable_lsn", T.LongType()),
-        T.StructField("ack_lsn", T.LongType()),
-        T.StructField("resume_token", T.StringType()),
-        T.StructField("started_at", T.TimestampType()),
-        T.StructField("updated_at", T.TimestampType()),
-    ]
-)
-COLUMN = T.StructType(
-    [
-        T.StructField("name", T.StringType()),
-        T.StructField("type_oid", T.LongType()),
-        T.StructField("type_name", T.StringType()),
-        T.StructField("type_modifier", T.IntegerType()),
-        T.StructField("is_key", T.BooleanType()),
-        T.StructField("pk_position", T.IntegerType()),
-        T.StructField("json_kind", T.StringType()),
-    ]
-)
-RELATIONS_SCHEMA = T.StructType(
-    [
-        T.StructField("source", T.StringType()),
-        T.StructField("relation_id", T.LongType()),
-        T.StructField("table_schema", T.StringType()),
-        T.StructField("table_name", T.StringType()),
-        T.StructField("replica_identity", T.StringType()),
-        T.StructField("columns", T.ArrayType(COLUMN)),
-        T.StructField("shape_hash", T.StringType()),
-        T.StructField("first_seen_lsn", T.LongType()),
-        T.StructField("ingested_at", T.TimestampType()),
-    ]
-)
+from ingest.bronze.schemas import COLUMN_STRUCT, SOURCE_RELATIONS, STREAM_POSITIONS, WAL_EVENTS
+from ingest.bronze.writer import BronzeWriter
 
 NOW = dt.datetime(2026, 1, 1, 12, 0, 0)
 SOURCE = "shop"
@@ -174,29 +114,24 @@ def relations() -> list[tuple]:
     ]
 
 
+def table(schema: pa.Schema, rows: list[tuple]) -> pa.Table:
+    return pa.Table.from_pylist([dict(zip(schema.names, r, strict=True)) for r in rows], schema)
+
+
 def main() -> None:
     warehouse, phase = sys.argv[1].rstrip("/"), int(sys.argv[2])
-    spark = (
-        SparkSession.builder.master("local[1]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
-        .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
-        .getOrCreate()
-    )
+    writer = BronzeWriter(warehouse)
+    writer.ensure_tables()
     bronze = f"{warehouse}/bronze"
-    mode = "overwrite" if phase == 1 else "append"
     if PHASES[phase]:
-        spark.createDataFrame(PHASES[phase], WAL_SCHEMA).write.format("delta").mode(mode).partitionBy(
-            "source").save(f"{bronze}/wal_events")
+        write_deltalake(f"{bronze}/wal_events", table(WAL_EVENTS, PHASES[phase]), mode="append")
     positions = [(SOURCE, w, k, d, a, None, NOW, NOW + dt.timedelta(seconds=d)) for w, k, d, a in POSITIONS[phase]]
     # positions are one row per live writer: rewrite the table (a retired writer's row disappears)
-    spark.createDataFrame(positions, POSITIONS_SCHEMA).write.format("delta").mode("overwrite").partitionBy(
-        "source", "writer_id").save(f"{bronze}/stream_positions")
+    write_deltalake(f"{bronze}/stream_positions", table(STREAM_POSITIONS, positions), mode="overwrite")
     if phase == 1:
-        spark.createDataFrame(relations(), RELATIONS_SCHEMA).write.format("delta").mode("overwrite").partitionBy(
-            "source").save(f"{bronze}/source_relations")
-    spark.stop()
+        names = COLUMN_STRUCT.names
+        rels = [(*r[:5], [dict(zip(names, c, strict=True)) for c in r[5]], *r[6:]) for r in relations()]
+        write_deltalake(f"{bronze}/source_relations", table(SOURCE_RELATIONS, rels), mode="append")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from ingest.bronze.writer import BronzeWriter
 from tests.conftest import ROOT
 from tests.silver_checks import DBT
 
@@ -29,6 +30,7 @@ def test_second_dbt_process_says_the_metastore_is_in_use(tmp_path: Path) -> None
     """Regression: the second process used to fail after ~46 s with 860 KB of Java traces that
     ended in "Unable to instantiate SessionHiveMetaStoreClient" (README, issue 3)."""
     warehouse = tmp_path / "warehouse"
+    BronzeWriter(str(warehouse)).ensure_tables()  # bronze is ingest's: dbt only reads it
     lock = warehouse / "_metastore" / "metastore_db" / "db.lck"
     first = subprocess.Popen(
         [str(DBT), "build", "--project-dir", str(ROOT)],
@@ -63,3 +65,23 @@ def test_second_dbt_process_says_the_metastore_is_in_use(tmp_path: Path) -> None
     assert str(warehouse / "_metastore" / "metastore_db") in out
     assert len(out.encode()) < MAX_OUTPUT_BYTES, f"{len(out.encode())} bytes of output:\n{out[:3000]}"
     print(f"second dbt refused in {seconds:.1f} s with {len(out.encode())} bytes of output")
+
+
+def test_dbt_without_bronze_says_to_run_ingest_and_creates_nothing(tmp_path: Path) -> None:
+    """Bronze is created only by ingest: dbt used to create empty bronze tables itself (with Spark)."""
+    warehouse = tmp_path / "warehouse"
+    r = subprocess.run(
+        [str(DBT), "run", "--select", "safe_bounds", "--project-dir", str(ROOT)],
+        env=dbt_env(warehouse, "nobronze"),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=HOLD_TIMEOUT_S,
+    )
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, out[-3000:]
+    line = f"bronze.wal_events not found at {warehouse}/bronze/wal_events: bronze is created by ingest"
+    assert line in out, out[-3000:]
+    assert "changelake-ingest run --once" in out
+    assert not (warehouse / "bronze" / "wal_events").exists(), "dbt created a bronze table"
+    assert len(out.encode()) < MAX_OUTPUT_BYTES, f"{len(out.encode())} bytes of output:\n{out[:3000]}"
