@@ -109,6 +109,17 @@ class BronzeTable:
     properties: tuple[tuple[str, str], ...] = ()
 
 
+# The log of every bronze table (ingest commits often, in small batches): delta-rs writes a
+# checkpoint every 100 commits, so a reader replays at most 100 JSON commits; log entries older
+# than the retention are removed after a checkpoint; files that compaction or an overwrite
+# replaced stay readable for as long (time travel, a long dbt run) before `vacuum` deletes them.
+LOG_PROPERTIES = (
+    ("delta.checkpointInterval", "100"),
+    ("delta.logRetentionDuration", "interval 7 days"),
+    ("delta.deletedFileRetentionDuration", "interval 7 days"),
+    ("delta.enableExpiredLogCleanup", "true"),
+)
+
 WAL_EVENTS_TABLE = BronzeTable(
     "wal_events",
     WAL_EVENTS,
@@ -119,10 +130,11 @@ WAL_EVENTS_TABLE = BronzeTable(
         # Statistics only where readers filter (positions, table, ingest time); min/max of the
         # JSON text columns cost write time and prune nothing.
         ("delta.dataSkippingStatsColumns", "commit_lsn,commit_index,action,table_schema,table_name,ingested_at"),
+        *LOG_PROPERTIES,
     ),
 )
-STREAM_POSITIONS_TABLE = BronzeTable("stream_positions", STREAM_POSITIONS, ("source", "writer_id"))
-SOURCE_RELATIONS_TABLE = BronzeTable("source_relations", SOURCE_RELATIONS, ("source",))
+STREAM_POSITIONS_TABLE = BronzeTable("stream_positions", STREAM_POSITIONS, ("source", "writer_id"), LOG_PROPERTIES)
+SOURCE_RELATIONS_TABLE = BronzeTable("source_relations", SOURCE_RELATIONS, ("source",), LOG_PROPERTIES)
 SNAPSHOT_PAGES_TABLE = BronzeTable(
     "snapshot_pages",
     SNAPSHOT_PAGES,
@@ -130,6 +142,7 @@ SNAPSHOT_PAGES_TABLE = BronzeTable(
     (
         ("delta.appendOnly", "true"),
         ("delta.dataSkippingStatsColumns", "snapshot_id,table_schema,table_name,page_number,high_watermark_lsn"),
+        *LOG_PROPERTIES,
     ),
 )
 ALL_TABLES = (WAL_EVENTS_TABLE, STREAM_POSITIONS_TABLE, SOURCE_RELATIONS_TABLE, SNAPSHOT_PAGES_TABLE)

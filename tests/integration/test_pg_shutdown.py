@@ -1,0 +1,122 @@
+"""SIGTERM/SIGINT to the process group, as systemd and a terminal send it: finish, commit, ack, exit 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import yaml
+
+from ingest.bronze.writer import BronzeWriter
+from tests.conftest import ROOT, bronze_events, prepare
+
+pytestmark = pytest.mark.integration
+
+STARTUP_TIMEOUT_S = 60
+EXIT_TIMEOUT_S = 60
+
+
+def write_config(tmp_path: Path, s: Any) -> Path:
+    cfg = tmp_path / "ingest.yml"
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "warehouse": str(tmp_path / "warehouse"),
+                "batch": {"max_events": 500, "max_seconds": 0.2},
+                "sources": [
+                    {
+                        "kind": "postgres",
+                        "name": s.name,
+                        "dsn": s.dsn,
+                        "tables": s.tables,
+                        "snapshot": {"initial": False},
+                    }
+                ],
+            }
+        )
+    )
+    return cfg
+
+
+def confirmed_flush(dsn: str, slot: str) -> int:
+    with psycopg.connect(dsn) as c:
+        row = c.execute(
+            "select confirmed_flush_lsn - '0/0'::pg_lsn from pg_replication_slots where slot_name = %s", (slot,)
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_to_the_group_commits_acks_and_exits_0(sig: signal.Signals, tmp_path: Path, make_source: Any) -> None:
+    """Regression: SIGTERM to the group killed ingest's Spark JVM before the last batch committed, and
+    the run ended with `raising positions of <source>/stream failed` (issue 12)."""
+    s = make_source("create table items (id int primary key, v text)", ["items"])
+    src = s.config()
+    prepare(src)
+    cfg = write_config(tmp_path, s)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ingest", "-c", str(cfg), "-v", "run"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a service or a terminal job has
+    )
+    inserted = [0]
+    stop_load = threading.Event()
+
+    def load() -> None:  # a steady stream of small transactions, running through the signal
+        with psycopg.connect(s.dsn, autocommit=True) as c:
+            while not stop_load.is_set():
+                inserted[0] += 1
+                c.execute(f"insert into {s.schema}.items values (%s, 'v')", (inserted[0],))
+                time.sleep(0.002)
+
+    loader = threading.Thread(target=load, daemon=True)
+    loader.start()
+    try:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while not (tmp_path / "warehouse" / "bronze" / "wal_events").exists() or not bronze_events(
+            tmp_path / "warehouse", s.name
+        ):
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "ingest committed nothing"
+            time.sleep(0.2)
+        os.killpg(proc.pid, sig)
+        _, err = proc.communicate(timeout=EXIT_TIMEOUT_S)
+    finally:
+        stop_load.set()
+        loader.join()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err[-3000:]
+    assert "Traceback" not in err and "level=ERROR" not in err, err[-3000:]
+    assert f"signal={sig.name} stopping after the current batch" in err
+
+    # What was acknowledged is durable: the slot is at the writer's ack position, and every change
+    # up to the writer's durable position is in bronze once.
+    writer = BronzeWriter(tmp_path / "warehouse")
+    pos = [p for p, _ in writer.positions(s.name) if p.writer_id == "stream"][0]
+    assert confirmed_flush(s.dsn, src.slot_name) == pos.ack_lsn
+    before = bronze_events(tmp_path / "warehouse", s.name)
+    assert before and all(e.commit_lsn <= pos.durable_lsn for e in before)
+    ids = [json.loads(e.record_pk)["id"] for e in before]
+    assert ids == list(range(1, len(ids) + 1)), "a gap or a duplicate before the stop"
+
+    # A restart takes every later change, once: bronze equals the source.
+    r = subprocess.run(
+        [sys.executable, "-m", "ingest", "-c", str(cfg), "run", "--once"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    after = [json.loads(e.record_pk)["id"] for e in bronze_events(tmp_path / "warehouse", s.name)]
+    assert after == list(range(1, inserted[0] + 1))
