@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import NamedTuple
 
 
 class Action(StrEnum):
@@ -23,12 +24,16 @@ class WriterKind(StrEnum):
     SNAPSHOT = "snapshot"
 
 
-@dataclass(frozen=True, slots=True)
-class ChangeEvent:
+class ChangeEvent(NamedTuple):
     """One source change message, as bronze.wal_events stores it (docs/bronze.md).
 
     `record`, `old_record`, `record_pk` and `old_record_pk` are JSON object texts already encoded
     by the source's decoder; the bronze writer does not look inside them.
+
+    A NamedTuple, not a frozen dataclass like the other values here: one is built per change on
+    the decoder's hot path, and a tuple is built ~4x faster (0.4 us instead of 1.7 us with 18
+    fields), and the writer turns a batch into Arrow columns by transposing the tuples in C
+    (`zip(*events)`). It is as immutable; `_replace` stands in for `dataclasses.replace`.
     """
 
     commit_lsn: int

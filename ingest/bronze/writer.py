@@ -58,39 +58,34 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+# ChangeEvent's fields in order, transposed into columns at once by zip(*events).
+_EVENT_FIELDS = ChangeEvent._fields
+_LIST_FIELDS = ("unchanged_toast", "truncated_tables")
+
+
 def _events_to_arrow(
     source: str, source_kind: str, writer_id: str, events: Sequence[ChangeEvent], end_lsns: Mapping[int, int]
 ) -> pa.Table:
     n = len(events)
-    ingested = _now()
-    cols: dict[str, Any] = {
-        "source": pa.array([source] * n, pa.string()),
-        "source_kind": pa.array([source_kind] * n, pa.string()),
-        "commit_lsn": [e.commit_lsn for e in events],
-        "commit_index": [e.commit_index for e in events],
-        "end_lsn": [end_lsns.get(e.commit_lsn) for e in events],
-        "xid": [e.xid for e in events],
-        "commit_timestamp": pa.array([e.commit_ts_us for e in events], pa.int64()).cast(
-            WAL_EVENTS_TABLE.schema.field("commit_timestamp").type
-        ),
-        "action": [e.action.value for e in events],
-        "table_schema": [e.table_schema for e in events],
-        "table_name": [e.table_name for e in events],
-        "relation_id": [e.relation_id for e in events],
-        "record_pk": [e.record_pk for e in events],
-        "old_record_pk": [e.old_record_pk for e in events],
-        "record": [e.record for e in events],
-        "old_record": [e.old_record for e in events],
-        "unchanged_toast": [list(e.unchanged_toast) if e.unchanged_toast else None for e in events],
-        "truncated_tables": [list(e.truncated_tables) if e.truncated_tables else None for e in events],
-        "truncate_options": [e.truncate_options for e in events],
-        "message_prefix": [e.message_prefix for e in events],
-        "message_content": [e.message_content for e in events],
-        "message_transactional": [e.message_transactional for e in events],
-        "writer_id": pa.array([writer_id] * n, pa.string()),
-        "ingested_at": pa.array([ingested] * n, WAL_EVENTS_TABLE.schema.field("ingested_at").type),
-    }
-    return pa.table(cols, schema=WAL_EVENTS_TABLE.schema)
+    schema = WAL_EVENTS_TABLE.schema
+    by_field = dict(zip(_EVENT_FIELDS, zip(*events, strict=True), strict=True))
+    cols: dict[str, Any] = {name: pa.array(by_field[name], schema.field(name).type) for name in _ARROW_DIRECT}
+    for name in _LIST_FIELDS:
+        cols[name] = pa.array([list(v) if v else None for v in by_field[name]], schema.field(name).type)
+    cols["source"] = pa.array([source] * n, pa.string())
+    cols["source_kind"] = pa.array([source_kind] * n, pa.string())
+    cols["end_lsn"] = pa.array([end_lsns.get(lsn) for lsn in by_field["commit_lsn"]], pa.int64())
+    commit_us = pa.array(by_field["commit_ts_us"], pa.int64())
+    cols["commit_timestamp"] = commit_us.cast(schema.field("commit_timestamp").type)
+    cols["writer_id"] = pa.array([writer_id] * n, pa.string())
+    cols["ingested_at"] = pa.array([_now()] * n, schema.field("ingested_at").type)
+    return pa.table([cols[name] for name in schema.names], schema=schema)
+
+
+# wal_events columns that are ChangeEvent fields of the same name and need no conversion.
+_ARROW_DIRECT = tuple(
+    f for f in WAL_EVENTS_TABLE.schema.names if f in _EVENT_FIELDS and f not in _LIST_FIELDS
+)
 
 
 class BronzeWriter:

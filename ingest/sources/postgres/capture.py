@@ -11,7 +11,6 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import replace
 from datetime import UTC, datetime
 
 from ingest import faults
@@ -33,6 +32,10 @@ STREAM_WRITER_ID = "stream"
 READ_TIMEOUT_S = 0.2
 IDLE_POSITION_INTERVAL_S = 10.0  # how often an idle stream raises its row to the observed WAL end
 STATUS_INTERVAL_S = 10.0  # standby status updates even when the server does not ask
+# While change data keeps arriving, the loop's bookkeeping (stop flag, snapshot worker, drain,
+# status, heartbeat, progress) runs once per this many messages instead of once per message: it
+# cost ~1.5 us a message, a sixth of the decoder's time. Its clock is at most one burst stale.
+BURST_MESSAGES = 256
 # The first batch of a run is small: a fresh JVM spends seconds warming its Parquet/Delta write
 # path on whatever comes first, and it does so while the next (full) batch decodes, not after it.
 WARMUP_BATCH_EVENTS = 10_000
@@ -231,13 +234,18 @@ class PostgresCapture:
             end_lsns.clear()
             committer.submit(batch)
 
-        while not should_stop():
-            now = time.monotonic()
-            if snapshots is not None:
-                snapshots.check()
-            if drain_token and not drain_emitted and (snapshots is None or snapshots.done):
-                admin.emit_message(DRAIN_PREFIX, drain_token)
-                drain_emitted = True
+        burst = 0  # XLogData messages handled since the last bookkeeping
+        now = time.monotonic()
+        while True:
+            if burst == 0:
+                if should_stop():
+                    break
+                now = time.monotonic()
+                if snapshots is not None:
+                    snapshots.check()
+                if drain_token and not drain_emitted and (snapshots is None or snapshots.done):
+                    admin.emit_message(DRAIN_PREFIX, drain_token)
+                    drain_emitted = True
             msg = stream.read(READ_TIMEOUT_S)
             if isinstance(msg, XLogData):
                 last_activity = now
@@ -254,7 +262,7 @@ class PostgresCapture:
                         break
                 else:
                     if not builder.in_txn:  # a non-transactional logical message: a unit of its own
-                        out = replace(out, commit_ts_us=int(time.time() * 1_000_000))
+                        out = out._replace(commit_ts_us=int(time.time() * 1_000_000))
                         completed = TxnEnd(out.commit_lsn, out.commit_lsn, out.commit_ts_us)
                         end_lsns[out.commit_lsn] = out.commit_lsn
                     if drain_token and out.message_prefix == DRAIN_PREFIX and out.message_content == drain_token:
@@ -267,7 +275,11 @@ class PostgresCapture:
                         pending.append(out)
                         if len(pending) >= max_events and builder.in_txn:
                             submit()  # a transaction larger than a batch goes to bronze in pages
+                burst = (burst + 1) % BURST_MESSAGES
+                if burst:
+                    continue
             elif isinstance(msg, Keepalive):
+                burst = 0
                 wal_end = max(wal_end, msg.wal_end)
                 # A keepalive's LSN is how far the server has decoded (sentPtr): every transaction that
                 # committed before it has been sent. (XLogData's wal_end is the server's WAL end: not that.)
@@ -279,8 +291,10 @@ class PostgresCapture:
                     last_idle_raise = now
                 if msg.reply_requested:
                     last_status = 0.0  # answer below
-            elif (pending or completed is not None) and not builder.in_txn and now - batch_started >= max_seconds:
-                submit()
+            else:
+                burst = 0
+                if (pending or completed is not None) and not builder.in_txn and now - batch_started >= max_seconds:
+                    submit()
             if committer.ack_lsn > sent_ack or now - last_status >= STATUS_INTERVAL_S:
                 sent_ack = committer.ack_lsn
                 stream.send_status(sent_ack)
