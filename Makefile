@@ -5,6 +5,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt pyproject.toml | sha1sum | cut -c1-12)
+# The compiled pgoutput row decoder (native/, Rust + PyO3, built by maturin): rebuilt when its
+# sources change. cargo comes with the machine (rustup); crates from crates.io.
+NATIVE_STAMP := $(VENV)/.native-$(shell cat native/Cargo.toml native/Cargo.lock native/pyproject.toml native/src/*.rs | sha1sum | cut -c1-12)
 export CHANGELAKE_WAREHOUSE ?= $(CURDIR)/warehouse
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # dbt reads profiles.yml from the project directory
@@ -23,7 +26,12 @@ $(STAMP): requirements.txt pyproject.toml
 	@bash scripts/mongo_java_server.sh >/dev/null
 	@rm -f $(VENV)/.installed-*; touch $@
 
-setup: $(STAMP)
+$(NATIVE_STAMP): $(STAMP) native/Cargo.toml native/Cargo.lock native/pyproject.toml $(wildcard native/src/*.rs)
+	@echo "setup: building the compiled pgoutput decoder (native/, ~1 min the first time)"
+	@$(PY) -m pip install -q ./native
+	@rm -f $(VENV)/.native-*; touch $@
+
+setup: $(STAMP) $(NATIVE_STAMP)
 	@bash scripts/delta_jars.sh $(PY)
 	@bash scripts/mongo_java_server.sh >/dev/null
 	@# The driver JVM's class archive (scripts/driver_archive.py), ~40 s when missing or stale. Optional: JVMs

@@ -21,7 +21,6 @@ from ingest.events import ChangeEvent, WriterKind, WriterPosition
 from ingest.progress import Progress
 from ingest.sources.postgres.admin import DRAIN_PREFIX, HEARTBEAT_PREFIX, PostgresAdmin
 from ingest.sources.postgres.changes import ChangeBuilder, TxnEnd
-from ingest.sources.postgres.pgoutput import decode
 from ingest.sources.postgres.replication import Keepalive, ReplicationStream, XLogData
 from ingest.sources.postgres.snapshot import Hook, Snapshotter, SnapshotThread
 from ingest.sources.postgres.values import TYPE_CATALOG_SQL, Encoder, TypeCatalog
@@ -250,7 +249,7 @@ class PostgresCapture:
             if isinstance(msg, XLogData):
                 last_activity = now
                 wal_end = max(wal_end, msg.wal_end)
-                out = builder.feed(decode(msg.payload))
+                out = builder.feed_payload(msg.payload)
                 if out is None:
                     pass
                 elif isinstance(out, TxnEnd):

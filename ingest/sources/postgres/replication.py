@@ -37,7 +37,7 @@ class XLogData:
 
     wal_start: int
     wal_end: int
-    payload: memoryview
+    payload: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +130,7 @@ class ReplicationStream:
                 kind = data[0]
                 if kind == MSG_XLOGDATA:
                     start, end, _ = XLOGDATA_HEADER.unpack_from(data, 1)
-                    return XLogData(start, end, data[25:])
+                    return XLogData(start, end, bytes(data[25:]))
                 if kind == MSG_KEEPALIVE:
                     end, _, reply = KEEPALIVE.unpack_from(data, 1)
                     return Keepalive(end, bool(reply))

@@ -1,0 +1,291 @@
+//! Compiled fast path of changelake's pgoutput row decoder.
+//!
+//! One job: turn a pgoutput Insert/Update/Delete message (protocol version 1, text-format values)
+//! of a relation whose columns are all scalars into the JSON texts bronze stores (`record`,
+//! `record_pk`, `old_record`, `old_record_pk`) and the unchanged-TOAST column names. It mirrors
+//! `ingest/sources/postgres/pgoutput.py` + `changes.py` + `values.py` byte for byte (a property
+//! test compares the two on random rows); anything it does not handle exactly the same way (an
+//! array column, a malformed message, a value that does not map) is refused with a ValueError, and
+//! the Python decoder then decodes that message and names the problem.
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+/// Column value mappings (docs/bronze.md), the codes `ingest/sources/postgres/native.py` passes.
+const KIND_INT: u8 = 0; // the text as it is: a JSON number
+const KIND_FLOAT: u8 = 1; // a JSON number; NaN and +-Infinity as JSON strings
+const KIND_BOOL: u8 = 2; // 't' / 'f' -> true / false
+const KIND_STRING: u8 = 3; // the text as a JSON string (json.encoder.encode_basestring)
+
+const MSG_INSERT: u8 = b'I';
+const MSG_UPDATE: u8 = b'U';
+const MSG_DELETE: u8 = b'D';
+const TUPLE_NEW: u8 = b'N';
+const TUPLE_KEY: u8 = b'K';
+const TUPLE_OLD: u8 = b'O';
+const COL_NULL: u8 = b'n';
+const COL_UNCHANGED: u8 = b'u';
+const COL_TEXT: u8 = b't';
+const COL_BINARY: u8 = b'b';
+
+/// Action codes returned to Python (index into its Action table).
+const ACTION_INSERT: u8 = 0;
+const ACTION_UPDATE: u8 = 1;
+const ACTION_DELETE: u8 = 2;
+
+enum Value<'a> {
+    Null,
+    Unchanged,
+    Data(&'a [u8]),
+}
+
+type Refusal = &'static str;
+
+fn read_i16(buf: &[u8], pos: usize) -> Result<i16, Refusal> {
+    let b = buf.get(pos..pos + 2).ok_or("truncated")?;
+    Ok(i16::from_be_bytes([b[0], b[1]]))
+}
+
+fn read_i32(buf: &[u8], pos: usize) -> Result<i32, Refusal> {
+    let b = buf.get(pos..pos + 4).ok_or("truncated")?;
+    Ok(i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+}
+
+/// TupleData at `pos`: the values and the offset after them.
+fn parse_tuple(buf: &[u8], mut pos: usize) -> Result<(Vec<Value<'_>>, usize), Refusal> {
+    let count = read_i16(buf, pos)?;
+    if count < 0 {
+        return Err("negative column count");
+    }
+    pos += 2;
+    let mut values = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        match *buf.get(pos).ok_or("truncated")? {
+            COL_TEXT | COL_BINARY => {
+                let len = read_i32(buf, pos + 1)?;
+                if len < 0 {
+                    return Err("negative value length");
+                }
+                let start = pos + 5;
+                pos = start + len as usize;
+                values.push(Value::Data(buf.get(start..pos).ok_or("truncated")?));
+            }
+            COL_NULL => {
+                pos += 1;
+                values.push(Value::Null);
+            }
+            COL_UNCHANGED => {
+                pos += 1;
+                values.push(Value::Unchanged);
+            }
+            _ => return Err("unknown column marker"),
+        }
+    }
+    Ok((values, pos))
+}
+
+/// json.encoder.encode_basestring (ensure_ascii=False): the same escapes, lowercase hex.
+fn push_json_string(out: &mut String, text: &str) {
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{08}' => out.push_str("\\b"),
+            '\u{0c}' => out.push_str("\\f"),
+            c if (c as u32) < 0x20 => {
+                const HEX: &[u8; 16] = b"0123456789abcdef";
+                let v = c as u32;
+                out.push_str("\\u00");
+                out.push(HEX[(v >> 4) as usize] as char);
+                out.push(HEX[(v & 0xf) as usize] as char);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+fn ascii(value: &[u8]) -> Result<&str, Refusal> {
+    if !value.is_ascii() {
+        return Err("not ASCII");
+    }
+    std::str::from_utf8(value).map_err(|_| "not ASCII")
+}
+
+fn push_value(out: &mut String, kind: u8, value: &[u8]) -> Result<(), Refusal> {
+    match kind {
+        KIND_INT => out.push_str(ascii(value)?),
+        KIND_FLOAT => match ascii(value)? {
+            "NaN" => out.push_str("\"NaN\""),
+            "Infinity" => out.push_str("\"Infinity\""),
+            "-Infinity" => out.push_str("\"-Infinity\""),
+            text => out.push_str(text),
+        },
+        KIND_BOOL => match value {
+            b"t" => out.push_str("true"),
+            b"f" => out.push_str("false"),
+            _ => return Err("boolean neither t nor f"),
+        },
+        KIND_STRING => push_json_string(out, std::str::from_utf8(value).map_err(|_| "not UTF-8")?),
+        _ => return Err("unknown kind"),
+    }
+    Ok(())
+}
+
+/// One relation's columns, as the Python ChangeBuilder's `_Rel` holds them.
+#[pyclass(frozen)]
+struct RowEncoder {
+    kinds: Vec<u8>,
+    keys: Vec<String>, // '"col":' prefixes
+    names: Vec<String>,
+    pk_idx: Vec<usize>,
+}
+
+impl RowEncoder {
+    /// `_record`: the row as a JSON object, unchanged-TOAST columns left out and listed.
+    fn record(&self, values: &[Value<'_>]) -> Result<(String, Option<Vec<String>>), Refusal> {
+        if values.len() > self.kinds.len() {
+            return Err("more columns than the relation");
+        }
+        let mut out = String::with_capacity(64 + 16 * values.len());
+        let mut toast: Option<Vec<String>> = None;
+        out.push('{');
+        let mut first = true;
+        for (i, v) in values.iter().enumerate() {
+            match v {
+                Value::Unchanged => toast.get_or_insert_with(Vec::new).push(self.names[i].clone()),
+                Value::Null | Value::Data(_) => {
+                    if !first {
+                        out.push(',');
+                    }
+                    first = false;
+                    out.push_str(&self.keys[i]);
+                    match v {
+                        Value::Data(d) => push_value(&mut out, self.kinds[i], d)?,
+                        _ => out.push_str("null"),
+                    }
+                }
+            }
+        }
+        out.push('}');
+        Ok((out, toast))
+    }
+
+    /// `_pk`: the key columns as a JSON object (NULL or unchanged as null).
+    fn pk(&self, values: &[Value<'_>]) -> Result<String, Refusal> {
+        let mut out = String::with_capacity(32);
+        out.push('{');
+        for (n, &i) in self.pk_idx.iter().enumerate() {
+            if n > 0 {
+                out.push(',');
+            }
+            out.push_str(&self.keys[i]);
+            match values.get(i).ok_or("key column missing from the tuple")? {
+                Value::Data(d) => push_value(&mut out, self.kinds[i], d)?,
+                _ => out.push_str("null"),
+            }
+        }
+        out.push('}');
+        Ok(out)
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn decode(
+        &self,
+        buf: &[u8],
+    ) -> Result<(u8, Option<String>, String, Option<String>, Option<String>, Option<Vec<String>>), Refusal> {
+        let msg = *buf.first().ok_or("empty")?;
+        let mut kind = *buf.get(5).ok_or("truncated")?;
+        let mut pos = 6;
+        let out = match msg {
+            MSG_INSERT => {
+                if kind != TUPLE_NEW {
+                    return Err("insert without a new tuple");
+                }
+                let (new, end) = parse_tuple(buf, pos)?;
+                pos = end;
+                let (record, toast) = self.record(&new)?;
+                (ACTION_INSERT, Some(record), self.pk(&new)?, None, None, toast)
+            }
+            MSG_UPDATE => {
+                let mut old = None;
+                if kind == TUPLE_KEY || kind == TUPLE_OLD {
+                    let (values, end) = parse_tuple(buf, pos)?;
+                    old = Some(values);
+                    kind = *buf.get(end).ok_or("truncated")?;
+                    pos = end + 1;
+                }
+                if kind != TUPLE_NEW {
+                    return Err("update without a new tuple");
+                }
+                let (new, end) = parse_tuple(buf, pos)?;
+                pos = end;
+                let (record, toast) = self.record(&new)?;
+                let pk = self.pk(&new)?;
+                let (mut old_record, mut old_pk) = (None, None);
+                if let Some(old) = old {
+                    old_record = Some(self.record(&old)?.0);
+                    let opk = self.pk(&old)?;
+                    if opk != pk {
+                        old_pk = Some(opk);
+                    }
+                }
+                (ACTION_UPDATE, Some(record), pk, old_record, old_pk, toast)
+            }
+            MSG_DELETE => {
+                if kind != TUPLE_KEY && kind != TUPLE_OLD {
+                    return Err("delete without an old tuple");
+                }
+                let (old, end) = parse_tuple(buf, pos)?;
+                pos = end;
+                let (old_record, _) = self.record(&old)?;
+                (ACTION_DELETE, None, self.pk(&old)?, Some(old_record), None, None)
+            }
+            _ => return Err("not a row message"),
+        };
+        if pos != buf.len() {
+            return Err("trailing bytes");
+        }
+        Ok(out)
+    }
+}
+
+#[pymethods]
+impl RowEncoder {
+    #[new]
+    fn new(kinds: Vec<u8>, keys: Vec<String>, names: Vec<String>, pk_idx: Vec<usize>) -> PyResult<Self> {
+        if keys.len() != kinds.len() || names.len() != kinds.len() {
+            return Err(PyValueError::new_err("kinds, keys and names must have one entry per column"));
+        }
+        if kinds.iter().any(|&k| k > KIND_STRING) {
+            return Err(PyValueError::new_err("unknown column kind"));
+        }
+        if pk_idx.iter().any(|&i| i >= kinds.len()) {
+            return Err(PyValueError::new_err("key column index out of range"));
+        }
+        Ok(RowEncoder { kinds, keys, names, pk_idx })
+    }
+
+    /// Decode one Insert/Update/Delete payload of this relation.
+    ///
+    /// Returns (action code 0 insert / 1 update / 2 delete, record, record_pk, old_record,
+    /// old_record_pk, unchanged_toast names); raises ValueError when the Python decoder must
+    /// take the message (it raises the error a user sees, if there is one).
+    #[allow(clippy::type_complexity)]
+    fn change(
+        &self,
+        payload: &[u8],
+    ) -> PyResult<(u8, Option<String>, String, Option<String>, Option<String>, Option<Vec<String>>)> {
+        self.decode(payload).map_err(PyValueError::new_err)
+    }
+}
+
+#[pymodule]
+fn changelake_pgoutput(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<RowEncoder>()?;
+    Ok(())
+}
