@@ -9,7 +9,7 @@ second part measures one single transaction of 1M rows (it must stream through i
 held whole).
 
 Usage: .venv/bin/python bench/ingest_throughput.py [--rows 1000000] [--single-txn-rows 1000000]
-       [--batch-events 200000]
+       [--batch-events 100000]
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--single-txn-rows", type=int, default=1_000_000)
-    ap.add_argument("--batch-events", type=int, default=200_000, help="ingest's batch.max_events")
+    ap.add_argument("--batch-events", type=int, default=100_000, help="ingest's batch.max_events")
     args = ap.parse_args()
     d = dsn()
     suffix = secrets.token_hex(3)

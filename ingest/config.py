@@ -30,7 +30,9 @@ class _Strict(BaseModel):
 class BatchConfig(_Strict):
     """How much change data one bronze commit holds (a batch ends on a transaction boundary)."""
 
-    max_events: Annotated[int, Field(gt=0)] = 200_000
+    # 100k events: a commit of ~0.1 s with delta-rs, and ingest's peak RSS under 500 MiB with one
+    # batch being built, one queued and one committing (BENCHMARKS.md; 200k: ~700 MiB, no faster).
+    max_events: Annotated[int, Field(gt=0)] = 100_000
     # A bronze commit costs tens of milliseconds (delta-rs): a short window keeps freshness
     # (source commit -> bronze) around a second without making many more files than compaction
     # folds away (BENCHMARKS.md, freshness).
