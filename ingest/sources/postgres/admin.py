@@ -105,27 +105,44 @@ class PostgresAdmin:
                 )
 
     def ensure_publication(self) -> None:
-        """Create the publication for the configured tables, or add tables missing from it."""
+        """Create the publication for the configured tables, or add tables missing from it.
+
+        Partitioned tables are captured as their root (DESIGN §7.7): the publication publishes
+        through the partition root, so a change in any partition arrives under the root's name
+        and key, and a partition attached later is captured too. Membership is read from the
+        publication's own table list (`pg_publication_rel`, which names a partitioned table
+        itself) plus `pg_publication_tables` (schema-wide and all-tables publications): the latter
+        alone lists a root's partitions instead of the root unless it publishes via the root, and
+        every start then tried to add the root again (DuplicateObject).
+        """
         name = self.src.publication_name
-        exists = self._one("select 1 from pg_publication where pubname = %s", (name,))
+        row = self._one("select pubviaroot from pg_publication where pubname = %s", (name,))
         tables = [sql.Identifier(*t.split(".")) for t in self.src.tables]
-        if exists is None:
+        if row is None:
             if not self.src.create_publication:
                 raise SourceError(
                     f"source {self.src.name!r}: publication {name!r} does not exist and create_publication "
-                    "is false; create it with CREATE PUBLICATION ... FOR TABLE ..."
+                    "is false; create it with CREATE PUBLICATION ... FOR TABLE ... "
+                    "WITH (publish_via_partition_root = true)"
                 )
             try:
                 self.conn.execute(
-                    sql.SQL("create publication {} for table {}").format(
+                    sql.SQL("create publication {} for table {} with (publish_via_partition_root = true)").format(
                         sql.Identifier(name), sql.SQL(", ").join(tables)
                     )
                 )
             except psycopg.errors.InsufficientPrivilege as e:
                 raise SourceError(f"source {self.src.name!r}: cannot create publication {name!r}: {e}") from None
             return
+        (via_root,) = row
         with self.conn.cursor() as cur:
-            cur.execute("select schemaname || '.' || tablename from pg_publication_tables where pubname = %s", (name,))
+            cur.execute(
+                "select n.nspname || '.' || c.relname from pg_publication p "
+                "join pg_publication_rel r on r.prpubid = p.oid join pg_class c on c.oid = r.prrelid "
+                "join pg_namespace n on n.oid = c.relnamespace where p.pubname = %s "
+                "union select schemaname || '.' || tablename from pg_publication_tables where pubname = %s",
+                (name, name),
+            )
             have = {r[0] for r in cur.fetchall()}
         missing = [t for t in self.src.tables if t not in have]
         if missing and self.src.create_publication:
@@ -136,6 +153,31 @@ class PostgresAdmin:
             )
         elif missing:
             raise SourceError(f"source {self.src.name!r}: publication {name!r} lacks tables {', '.join(missing)}")
+        partitioned = self.partitioned_tables()
+        if partitioned and not via_root:
+            if not self.src.create_publication:
+                raise SourceError(
+                    f"source {self.src.name!r}: {', '.join(partitioned)} is partitioned, and publication {name!r} "
+                    "publishes its partitions under their own names; run ALTER PUBLICATION "
+                    f"{name} SET (publish_via_partition_root = true) so its changes arrive as the table's"
+                )
+            self.conn.execute(
+                sql.SQL("alter publication {} set (publish_via_partition_root = true)").format(sql.Identifier(name))
+            )
+
+    def partitioned_tables(self) -> list[str]:
+        """The configured tables that are partitioned (captured as their root)."""
+        out = []
+        for qualified in self.src.tables:
+            schema, table = qualified.split(".")
+            row = self._one(
+                "select 1 from pg_class c join pg_namespace n on n.oid = c.relnamespace "
+                "where n.nspname = %s and c.relname = %s and c.relkind = 'p'",
+                (schema, table),
+            )
+            if row is not None:
+                out.append(qualified)
+        return out
 
     def ensure_slot(self) -> bool:
         """Create the pgoutput slot if missing; True if it was created. Invalidated slot: loud error."""

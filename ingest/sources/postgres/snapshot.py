@@ -126,6 +126,17 @@ class TableShape:
     type_oids: tuple[int, ...]
     key_positions: tuple[int, ...]
     key_types: tuple[str, ...]  # format_type() with modifier, for the keyset cursor's casts
+    partitioned: bool = False  # a partitioned table: read with its partitions (captured as its root)
+
+    @property
+    def scan(self) -> sql.Composable:
+        """What a page reads: the table alone, or a partitioned table with every partition.
+
+        `only` for a plain table: inheritance children publish their own changes. A partitioned
+        table's partitions publish theirs as the root's (publish_via_partition_root).
+        """
+        ident = sql.Identifier(self.schema, self.name)
+        return ident if self.partitioned else sql.SQL("only {}").format(ident)
 
 
 def table_shape(admin: PostgresAdmin, table: str) -> TableShape:
@@ -140,7 +151,10 @@ def table_shape(admin: PostgresAdmin, table: str) -> TableShape:
             (schema, name),
         )
         cols = cur.fetchall()
-        cur.execute("select %s::regclass::oid::bigint", (sql.Identifier(schema, name).as_string(admin.conn),))
+        cur.execute(
+            "select c.oid::bigint, c.relkind::text from pg_class c where c.oid = %s::regclass",
+            (sql.Identifier(schema, name).as_string(admin.conn),),
+        )
         row = cur.fetchone()
     if not cols or row is None:
         raise SourceError(f"source {admin.src.name!r}: table {table} does not exist")
@@ -153,7 +167,8 @@ def table_shape(admin: PostgresAdmin, table: str) -> TableShape:
         )
     pos = tuple(names.index(k) for k in pk)
     oids = tuple(int(str(c[1])) for c in cols)
-    return TableShape(schema, name, names, oids, pos, tuple(str(cols[i][2]) for i in pos))
+    key_types = tuple(str(cols[i][2]) for i in pos)
+    return TableShape(schema, name, names, oids, pos, key_types, partitioned=str(row[1]) == "p")
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,7 +218,6 @@ class PageReader:
         self, shape: TableShape, encoders: Sequence[Encoder], task: SnapshotTask, page: int, limit: int
     ) -> PageRead:
         """Read up to `limit` rows after `task.after` in key order, in one REPEATABLE READ transaction."""
-        ident = sql.Identifier(shape.schema, shape.name)
         cols = sql.SQL(", ").join(sql.Identifier(c) for c in shape.columns)
         keys = sql.SQL(", ").join(sql.Identifier(shape.columns[i]) for i in shape.key_positions)
         params: list[bytes | None] = []
@@ -224,8 +238,8 @@ class PageReader:
             conds.append(sql.SQL("({}) <= ({})").format(keys, casts))
             params += [k.encode() for k in task.until]
         where: sql.Composable = sql.SQL(" where ") + sql.SQL(" and ").join(conds) if conds else sql.SQL("")
-        query = sql.SQL("select {} from only {}{} order by {} limit {}").format(
-            cols, ident, where, keys, sql.Literal(limit)
+        query = sql.SQL("select {} from {}{} order by {} limit {}").format(
+            cols, shape.scan, where, keys, sql.Literal(limit)
         )
         # psycopg's placeholders are %s; the libpq protocol's are $n.
         text = query.as_string(None)
@@ -261,9 +275,9 @@ class PageReader:
     def max_key(self, shape: TableShape) -> tuple[str, ...] | None:
         """The table's largest key now (as key text), or None if it is empty."""
         keys = [sql.Identifier(shape.columns[i]) for i in shape.key_positions]
-        query = sql.SQL("select {} from only {} order by {} limit 1").format(
+        query = sql.SQL("select {} from {} order by {} limit 1").format(
             sql.SQL(", ").join(keys),
-            sql.Identifier(shape.schema, shape.name),
+            shape.scan,
             sql.SQL(", ").join(sql.SQL("{} desc").format(k) for k in keys),
         )
         res = self._exec(query.as_string(None).encode())
