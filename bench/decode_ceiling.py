@@ -1,10 +1,11 @@
 """Benchmark: the Python side of ingest alone (decode -> events -> Arrow) vs `pg_recvlogical`, same WAL.
 
-No Spark: this is the ceiling of what `changelake-ingest run` can reach on one core, whatever the
-bronze writer does. One slot is read by `pg_recvlogical` (pgoutput, to /dev/null); a second slot
+This is the ceiling of what `changelake-ingest run` can reach on one core, whatever the bronze
+writer does. One slot is read by `pg_recvlogical` (pgoutput, to /dev/null); a second slot
 over the same WAL is peeked with `pg_logical_slot_peek_binary_changes` (untimed), and the timed part
-decodes the pgoutput messages (`pgoutput.decode`), builds the ChangeEvents with their JSON records
-(`ChangeBuilder`) and turns them into the Arrow table the bronze writer hands to Spark.
+decodes the pgoutput messages and builds the ChangeEvents with their JSON records
+(`ChangeBuilder.feed_payload`: the compiled row decoder where it applies, as in production; with
+`--python`, the pure Python path) and turns them into the Arrow table the bronze writer commits.
 
 Usage: .venv/bin/python bench/decode_ceiling.py [--rows 500000]
 """
@@ -28,7 +29,6 @@ sys.path.insert(0, str(ROOT))
 from ingest.bronze.writer import _events_to_arrow  # noqa: E402
 from ingest.events import ChangeEvent  # noqa: E402
 from ingest.sources.postgres.changes import ChangeBuilder  # noqa: E402
-from ingest.sources.postgres.pgoutput import decode  # noqa: E402
 from ingest.sources.postgres.values import TYPE_CATALOG_SQL, TypeCatalog  # noqa: E402
 
 
@@ -54,6 +54,7 @@ class BenchCatalog:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=500_000)
+    ap.add_argument("--python", action="store_true", help="the pure Python decoder (no compiled row decoder)")
     args = ap.parse_args()
     dsn = subprocess.run(
         ["bash", str(ROOT / "scripts/pg.sh"), "start"], check=True, capture_output=True, text=True
@@ -104,11 +105,11 @@ def main() -> None:
             types = TypeCatalog.from_rows(cur.fetchall())
         best = float("inf")
         for _ in range(3):
-            builder = ChangeBuilder(BenchCatalog(types))
+            builder = ChangeBuilder(BenchCatalog(types), use_native=not args.python)
             t = time.process_time()
             events: list[ChangeEvent] = []
             for p in payloads:
-                out = builder.feed(decode(p))
+                out = builder.feed_payload(p)
                 if isinstance(out, ChangeEvent):
                     events.append(out)
                     if len(events) == 200_000:  # the bronze writer's batch size

@@ -11,6 +11,7 @@ import select
 import struct
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import psycopg
 from psycopg import pq
@@ -23,6 +24,7 @@ MSG_XLOGDATA = ord("w")
 MSG_KEEPALIVE = ord("k")
 MSG_STANDBY_STATUS = b"r"
 XLOGDATA_HEADER = struct.Struct("!QQQ")  # wal_start, wal_end, send_time
+_unpack_xlogdata = XLOGDATA_HEADER.unpack_from
 KEEPALIVE = struct.Struct("!QQB")  # wal_end, send_time, reply_requested
 STANDBY_STATUS = struct.Struct("!cQQQQB")  # 'r', written, flushed, applied, client_time, reply
 PROTO_VERSION = "1"
@@ -31,9 +33,11 @@ PROTO_VERSION = "1"
 SESSION_OPTIONS = "-c DateStyle=ISO -c TimeZone=UTC -c IntervalStyle=iso_8601 -c extra_float_digits=3"
 
 
-@dataclass(frozen=True, slots=True)
-class XLogData:
-    """One pgoutput message and the WAL position the server sent it at."""
+class XLogData(NamedTuple):
+    """One pgoutput message and the WAL position the server sent it at.
+
+    A NamedTuple (one per message on the hot path: built ~3x faster than a frozen dataclass).
+    """
 
     wal_start: int
     wal_end: int
@@ -129,7 +133,7 @@ class ReplicationStream:
                 self.bytes_received += n
                 kind = data[0]
                 if kind == MSG_XLOGDATA:
-                    start, end, _ = XLOGDATA_HEADER.unpack_from(data, 1)
+                    start, end, _ = _unpack_xlogdata(data, 1)
                     return XLogData(start, end, bytes(data[25:]))
                 if kind == MSG_KEEPALIVE:
                     end, _, reply = KEEPALIVE.unpack_from(data, 1)
