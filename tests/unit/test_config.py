@@ -61,3 +61,19 @@ def test_duplicate_source_names(monkeypatch: pytest.MonkeyPatch) -> None:
     twice = GOOD + "  - {name: shop, kind: postgres, dsn: y, tables: [a.b]}\n"
     with pytest.raises(ConfigError, match="repeated: shop"):
         parse_config(twice)
+
+
+def test_an_old_spark_section_is_an_error_that_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ingest no longer starts Spark (issue 12): a config written for the Spark writer is refused by name."""
+    monkeypatch.setenv("SHOP_DSN", "postgresql://h/db")
+    with pytest.raises(ConfigError, match=r"spark: no longer a config key: .*delta-rs.*Remove the `spark:` section"):
+        parse_config(GOOD + "spark:\n  master: local[2]\n", "old.yml")
+
+
+def test_warehouse_may_be_an_object_store_uri(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHOP_DSN", "postgresql://h/db")
+    text = GOOD.replace("${WH:-/tmp/wh}", "s3://bucket/wh/") + "storage_options:\n  AWS_REGION: eu-west-1\n"
+    cfg = parse_config(text)
+    assert cfg.warehouse_uri == "s3://bucket/wh" and cfg.storage_options == {"AWS_REGION": "eu-west-1"}
+    local = parse_config(GOOD.replace("${WH:-/tmp/wh}", "relative/wh"))
+    assert local.warehouse_uri.startswith("/") and local.warehouse_uri.endswith("/relative/wh")
