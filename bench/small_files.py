@@ -14,6 +14,7 @@ is timed on both (best of `--repeat` after a warm-up): a full count, and sequin_
 position range). Prints the ratios A / B. `--no-upkeep` shows what the upkeep buys.
 
 Usage: .venv/bin/python bench/small_files.py [--commits 10000] [--rows-per-commit 20] [--repeat 5]
+       [--log-retention INTERVAL] [--file-retention INTERVAL] [--no-upkeep]
 """
 
 from __future__ import annotations
@@ -90,6 +91,9 @@ def main() -> None:
         help="delta.logRetentionDuration of the tables (e.g. 'interval 1 minute'), to see in minutes what the "
         "default retention does over its own span",
     )
+    ap.add_argument(
+        "--file-retention", help="delta.deletedFileRetentionDuration of table A (how long `remove` tombstones stay)"
+    )
     args = ap.parse_args()
     if args.no_upkeep:
         writer_mod.COMPACT_EVERY_COMMITS = 1 << 62
@@ -98,10 +102,13 @@ def main() -> None:
         small, few = BronzeWriter(work / "small"), BronzeWriter(work / "few")
         small.ensure_tables()
         few.ensure_tables()
+        props = {}
         if args.log_retention:
-            small.tables.table(small.path(WAL_EVENTS_TABLE)).alter.set_table_properties(
-                {"delta.logRetentionDuration": args.log_retention}
-            )
+            props["delta.logRetentionDuration"] = args.log_retention
+        if args.file_retention:
+            props["delta.deletedFileRetentionDuration"] = args.file_retention
+        if props:
+            small.tables.table(small.path(WAL_EVENTS_TABLE)).alter.set_table_properties(props)
         t = time.monotonic()
         everything: list[ChangeEvent] = []
         for c in range(args.commits):
