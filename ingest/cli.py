@@ -13,6 +13,8 @@ from ingest.errors import IngestError
 DEFAULT_CONFIG_ENV = "CHANGELAKE_CONFIG"
 DEFAULT_CONFIG = "changelake.yml"
 EXIT_USER_ERROR = 2
+log = logging.getLogger("ingest.cli")
+EXIT_INTERNAL_ERROR = 1
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -67,6 +69,14 @@ def main(argv: list[str] | None = None) -> int:
     except IngestError as e:
         print(f"changelake-ingest: error: {e}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except Exception as e:  # a bug or a fault we do not classify yet: one line, the traceback in the log
+        log.log(logging.INFO if args.verbose else logging.DEBUG, "internal error", exc_info=True)
+        print(
+            f"changelake-ingest: internal error: {type(e).__name__}: {e} - nothing past durable data was "
+            "acknowledged; run again with -v for the traceback and please report it",
+            file=sys.stderr,
+        )
+        return EXIT_INTERNAL_ERROR
     return 0
 
 
