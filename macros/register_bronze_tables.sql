@@ -55,38 +55,4 @@
                 ~ ': bronze is created by ingest; run `changelake-ingest run --once` first') -%}
         {%- endif -%}
     {%- endfor -%}
-    {%- if shared.n == 0 -%}
-        {%- do exceptions.raise_compiler_error(
-            'bronze schema location ' ~ schema_location ~ ' and bronze root ' ~ bronze_root
-            ~ ' share no parent directory; put spark.sql.warehouse.dir on the same file system') -%}
-    {%- endif -%}
-    {%- set probe -%}
-        select distinct regexp_extract(path, '/([^/]+)/_delta_log/[^/]+$', 1) as table_name
-        from binaryFile.`{{ probe_parts[:shared.n] | join('/') }}/{{ '{' -}}
-            {{ probe_parts[shared.n:] | join('/') }},{{ root_parts[shared.n:] | join('/') }}/*/_delta_log
-        {{- '}' }}`
-    {%- endset -%}
-    {%- set existing = run_query(probe).columns[0].values() | list -%}
-
-    {%- for table_name in known_tables -%}
-        {%- set location = bronze_root ~ '/' ~ table_name -%}
-        {%- if table_name in existing -%}
-            {%- do run_query(
-                'create table if not exists bronze.' ~ table_name ~ " using delta location '" ~ location ~ "'") -%}
-        {%- elif table_name in contract -%}
-            {%- set ddl = contract[table_name] -%}
-            {%- set properties = [] -%}
-            {%- for key, value in ddl.get('properties', {}).items() -%}
-                {%- do properties.append("'" ~ key ~ "' = '" ~ value ~ "'") -%}
-            {%- endfor -%}
-            {%- do log('bronze.' ~ table_name ~ ': nothing at ' ~ location
-                ~ ' yet; creating it empty with the contract schema', info=true) -%}
-            {%- do run_query(
-                'create table if not exists bronze.' ~ table_name
-                ~ ' (' ~ ddl['columns'] | join(', ') ~ ')'
-                ~ ' using delta partitioned by (' ~ ddl['partition_by'] | join(', ') ~ ')'
-                ~ " location '" ~ location ~ "'"
-                ~ (' tblproperties (' ~ properties | join(', ') ~ ')' if properties else '')) -%}
-        {%- endif -%}
-    {%- endfor -%}
 {% endmacro %}
