@@ -12,7 +12,6 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -27,14 +26,6 @@ log = logging.getLogger(__name__)
 # a compaction) is retried on the table's new version; each retry first re-checks idempotency.
 COMMIT_ATTEMPTS = 8
 COMMIT_BACKOFF_S = 0.05
-
-
-@dataclass(frozen=True, slots=True)
-class AppendResult:
-    """What an idempotent append did: `committed`, or skipped because `recorded` >= its version."""
-
-    committed: bool
-    recorded: int | None
 
 
 class DeltaTables:
@@ -108,8 +99,8 @@ class DeltaTables:
                 dt.alter.set_table_properties(missing, raise_if_not_exists=False)
                 log.info("set bronze table properties uri=%s properties=%s", uri, missing)
 
-    def append(self, uri: str, data: pa.Table, app_id: str | None = None, version: int | None = None) -> AppendResult:
-        """Append `data` in one commit; with `app_id`/`version`, exactly once.
+    def append(self, uri: str, data: pa.Table, app_id: str | None = None, version: int | None = None) -> bool:
+        """Append `data` in one commit; with `app_id`/`version`, exactly once. False: already committed.
 
         delta-rs records the app transaction but, unlike Spark, does not skip a version it has
         already committed: the table's recorded version for `app_id` is read (after loading the
@@ -125,10 +116,10 @@ class DeltaTables:
                     recorded = dt.transaction_version(app_id)
                     if recorded is not None and recorded >= version:
                         log.info("skipped a committed batch uri=%s app_id=%s version=%d", uri, app_id, version)
-                        return AppendResult(False, recorded)
+                        return False
                 try:
                     write_deltalake(dt, data, mode="append", schema_mode="merge", commit_properties=props)
-                    return AppendResult(True, version)
+                    return True
                 except CommitFailedError as e:
                     self._retry_or_raise(uri, attempt, e)
         raise AssertionError("unreachable")
