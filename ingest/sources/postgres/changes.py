@@ -6,6 +6,7 @@ the adapter implements; the value mapping lives in `values.py`.
 
 from __future__ import annotations
 
+import json
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -76,8 +77,6 @@ class _Rel:
 
 
 def _json_key(name: str) -> str:
-    import json
-
     return json.dumps(name, ensure_ascii=False) + ":"
 
 
@@ -122,7 +121,7 @@ class ChangeBuilder:
                 type_oid=c.type_oid,
                 type_name=self.catalog.type_name(c.type_oid),
                 type_modifier=c.type_modifier,
-                is_key=bool(c.flags & 1),
+                is_key=c.is_key,
                 pk_position=pk.index(c.name) + 1 if c.name in pk else None,
                 json_kind=self.catalog.json_kind(c.type_oid),
             )
@@ -220,106 +219,97 @@ class ChangeBuilder:
 
     def feed(self, msg: PgOutputMessage) -> ChangeEvent | TxnEnd | None:
         """Take the next message; return the event or transaction end it produces, if any."""
-        t = type(msg)
-        if t is Insert:
-            assert isinstance(msg, Insert)
-            rel = self._rel(msg.relation_id)
-            record, toast = self._record(rel, msg.new)
-            return self._event(
-                Action.INSERT,
-                table_schema=rel.schema,
-                table_name=rel.name,
-                relation_id=msg.relation_id,
-                record_pk=self._pk(rel, msg.new),
-                record=record,
-                unchanged_toast=toast,
-            )
-        if t is Update:
-            assert isinstance(msg, Update)
-            rel = self._rel(msg.relation_id)
-            record, toast = self._record(rel, msg.new)
-            pk = self._pk(rel, msg.new)
-            old_record = old_pk = None
-            if msg.old is not None:
+        match msg:
+            case Insert():
+                rel = self._rel(msg.relation_id)
+                record, toast = self._record(rel, msg.new)
+                return self._event(
+                    Action.INSERT,
+                    table_schema=rel.schema,
+                    table_name=rel.name,
+                    relation_id=msg.relation_id,
+                    record_pk=self._pk(rel, msg.new),
+                    record=record,
+                    unchanged_toast=toast,
+                )
+            case Update():
+                rel = self._rel(msg.relation_id)
+                record, toast = self._record(rel, msg.new)
+                pk = self._pk(rel, msg.new)
+                old_record = old_pk = None
+                if msg.old is not None:
+                    old_record, _ = self._record(rel, msg.old)
+                    old_pk = self._pk(rel, msg.old)
+                    if old_pk == pk:
+                        old_pk = None
+                return self._event(
+                    Action.UPDATE,
+                    table_schema=rel.schema,
+                    table_name=rel.name,
+                    relation_id=msg.relation_id,
+                    record_pk=pk,
+                    old_record_pk=old_pk,
+                    record=record,
+                    old_record=old_record,
+                    unchanged_toast=toast,
+                )
+            case Delete():
+                rel = self._rel(msg.relation_id)
                 old_record, _ = self._record(rel, msg.old)
-                old_pk = self._pk(rel, msg.old)
-                if old_pk == pk:
-                    old_pk = None
-            return self._event(
-                Action.UPDATE,
-                table_schema=rel.schema,
-                table_name=rel.name,
-                relation_id=msg.relation_id,
-                record_pk=pk,
-                old_record_pk=old_pk,
-                record=record,
-                old_record=old_record,
-                unchanged_toast=toast,
-            )
-        if t is Delete:
-            assert isinstance(msg, Delete)
-            rel = self._rel(msg.relation_id)
-            old_record, _ = self._record(rel, msg.old)
-            return self._event(
-                Action.DELETE,
-                table_schema=rel.schema,
-                table_name=rel.name,
-                relation_id=msg.relation_id,
-                record_pk=self._pk(rel, msg.old),
-                old_record=old_record,
-            )
-        if t is Begin:
-            assert isinstance(msg, Begin)
-            if self.in_txn:
-                raise SourceError("pgoutput sent Begin inside an open transaction")
-            self.in_txn = True
-            self._commit_lsn, self._xid, self._ts = msg.final_lsn, msg.xid, pg_to_unix_us(msg.commit_ts_us)
-            self._index = 0
-            return None
-        if t is Commit:
-            assert isinstance(msg, Commit)
-            if not self.in_txn:
-                raise SourceError("pgoutput sent Commit outside a transaction")
-            if msg.commit_lsn != self._commit_lsn:
-                raise SourceError(
-                    f"Commit LSN {msg.commit_lsn} does not match the Begin's final LSN {self._commit_lsn}"
+                return self._event(
+                    Action.DELETE,
+                    table_schema=rel.schema,
+                    table_name=rel.name,
+                    relation_id=msg.relation_id,
+                    record_pk=self._pk(rel, msg.old),
+                    old_record=old_record,
                 )
-            self.in_txn = False
-            return TxnEnd(msg.commit_lsn, msg.end_lsn, pg_to_unix_us(msg.commit_ts_us))
-        if t is Relation:
-            assert isinstance(msg, Relation)
-            self._relation(msg)
-            return None
-        if t is Truncate:
-            assert isinstance(msg, Truncate)
-            rels = [self._rel(r) for r in msg.relation_ids]
-            return self._event(
-                Action.TRUNCATE,
-                table_schema=rels[0].schema,
-                table_name=rels[0].name,
-                relation_id=msg.relation_ids[0],
-                truncated_tables=tuple(f"{r.schema}.{r.name}" for r in rels),
-                truncate_options=msg.options,
-            )
-        if t is LogicalMessage:
-            assert isinstance(msg, LogicalMessage)
-            content = msg.content.decode("utf-8", errors="replace")
-            if not msg.transactional:
-                # Outside any transaction: its own unit at its LSN (index 0), complete at once.
-                ev = ChangeEvent(
-                    msg.lsn,
-                    0,
-                    0,
-                    0,
-                    Action.MESSAGE,
-                    message_prefix=msg.prefix,
-                    message_content=content,
-                    message_transactional=False,
+            case Begin():
+                if self.in_txn:
+                    raise SourceError("pgoutput sent Begin inside an open transaction")
+                self.in_txn = True
+                self._commit_lsn, self._xid, self._ts = msg.final_lsn, msg.xid, pg_to_unix_us(msg.commit_ts_us)
+                self._index = 0
+                return None
+            case Commit():
+                if not self.in_txn:
+                    raise SourceError("pgoutput sent Commit outside a transaction")
+                if msg.commit_lsn != self._commit_lsn:
+                    raise SourceError(
+                        f"Commit LSN {msg.commit_lsn} does not match the Begin's final LSN {self._commit_lsn}"
+                    )
+                self.in_txn = False
+                return TxnEnd(msg.commit_lsn, msg.end_lsn, pg_to_unix_us(msg.commit_ts_us))
+            case Relation():
+                self._relation(msg)
+                return None
+            case Truncate():
+                rels = [self._rel(r) for r in msg.relation_ids]
+                return self._event(
+                    Action.TRUNCATE,
+                    table_schema=rels[0].schema,
+                    table_name=rels[0].name,
+                    relation_id=msg.relation_ids[0],
+                    truncated_tables=tuple(f"{r.schema}.{r.name}" for r in rels),
+                    truncate_options=msg.options,
                 )
-                return ev
-            return self._event(
-                Action.MESSAGE, message_prefix=msg.prefix, message_content=content, message_transactional=True
-            )
-        if t is TypeInfo or t is Origin:
-            return None  # types are resolved through the catalog; origins are not part of bronze
+            case LogicalMessage():
+                content = msg.content.decode("utf-8", errors="replace")
+                if not msg.transactional:
+                    # Outside any transaction: its own unit at its LSN (index 0), complete at once.
+                    return ChangeEvent(
+                        msg.lsn,
+                        0,
+                        0,
+                        0,
+                        Action.MESSAGE,
+                        message_prefix=msg.prefix,
+                        message_content=content,
+                        message_transactional=False,
+                    )
+                return self._event(
+                    Action.MESSAGE, message_prefix=msg.prefix, message_content=content, message_transactional=True
+                )
+            case TypeInfo() | Origin():
+                return None  # types are resolved through the catalog; origins are not part of bronze
         raise SourceError(f"no handling for pgoutput message {msg!r}")  # decode() only yields known types

@@ -18,7 +18,7 @@ from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ingest.errors import SlotInvalidatedError, SourceError
-from ingest.sources.postgres.pgoutput import PG_EPOCH_OFFSET_US
+from ingest.sources.postgres.pgoutput import PG_EPOCH_OFFSET_US, PROTO_VERSION
 
 MSG_XLOGDATA = ord("w")
 MSG_KEEPALIVE = ord("k")
@@ -27,7 +27,6 @@ XLOGDATA_HEADER = struct.Struct("!QQQ")  # wal_start, wal_end, send_time
 _unpack_xlogdata = XLOGDATA_HEADER.unpack_from
 KEEPALIVE = struct.Struct("!QQB")  # wal_end, send_time, reply_requested
 STANDBY_STATUS = struct.Struct("!cQQQQB")  # 'r', written, flushed, applied, client_time, reply
-PROTO_VERSION = "1"
 
 # Output functions in the walsender run with these settings, so `record` values are deterministic.
 SESSION_OPTIONS = "-c DateStyle=ISO -c TimeZone=UTC -c IntervalStyle=iso_8601 -c extra_float_digits=3"
