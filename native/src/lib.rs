@@ -146,10 +146,11 @@ struct RowEncoder {
 }
 
 impl RowEncoder {
-    /// `_record`: the row as a JSON object, unchanged-TOAST columns left out and listed.
+    /// `_record`: the row as a JSON object, unchanged-TOAST columns left out and listed. A tuple
+    /// whose width is not the relation's is refused (Python raises: a Relation message was missed).
     fn record(&self, values: &[Value<'_>]) -> Result<(String, Option<Vec<String>>), Refusal> {
-        if values.len() > self.kinds.len() {
-            return Err("more columns than the relation");
+        if values.len() != self.kinds.len() {
+            return Err("tuple width differs from the relation's");
         }
         let mut out = String::with_capacity(64 + 16 * values.len());
         let mut toast: Option<Vec<String>> = None;
@@ -175,7 +176,8 @@ impl RowEncoder {
         Ok((out, toast))
     }
 
-    /// `_pk`: the key columns as a JSON object (NULL or unchanged as null).
+    /// `_pk`: the key columns as a JSON object, a NULL one as null. An unchanged-TOAST key column is
+    /// refused (Python raises: the key cannot be known).
     fn pk(&self, values: &[Value<'_>]) -> Result<String, Refusal> {
         let mut out = String::with_capacity(32);
         out.push('{');
@@ -186,7 +188,8 @@ impl RowEncoder {
             out.push_str(&self.keys[i]);
             match values.get(i).ok_or("key column missing from the tuple")? {
                 Value::Data(d) => push_value(&mut out, self.kinds[i], d)?,
-                _ => out.push_str("null"),
+                Value::Null => out.push_str("null"),
+                Value::Unchanged => return Err("unchanged TOAST key column"),
             }
         }
         out.push('}');

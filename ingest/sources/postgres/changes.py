@@ -32,6 +32,7 @@ from ingest.sources.postgres.pgoutput import (
     decode,
     pg_to_unix_us,
 )
+from ingest.sources.postgres.values import ValueMappingError
 
 _U32: Final = struct.Struct("!I")
 # Message type bytes the compiled decoder takes (pgoutput Insert, Update, Delete), and its actions.
@@ -153,17 +154,26 @@ class ChangeBuilder:
     # -- encoding --------------------------------------------------------------------------
     @staticmethod
     def _record(rel: _Rel, tup: TupleData) -> tuple[str, tuple[str, ...] | None]:
+        if len(tup) != len(rel.names):
+            raise ValueMappingError(
+                f"table {rel.schema}.{rel.name}: a change has {len(tup)} columns but the relation has "
+                f"{len(rel.names)}; a Relation message was missed or applied to the wrong table"
+            )
         parts: list[str] = []
         toast: list[str] | None = None
-        for i, v in enumerate(tup):
-            if v is None:
-                parts.append(rel.keys_json[i] + "null")
-            elif v is UNCHANGED_TOAST:
-                if toast is None:
-                    toast = []
-                toast.append(rel.names[i])
-            else:
-                parts.append(rel.keys_json[i] + rel.encoders[i](v))
+        i = 0
+        try:
+            for i, v in enumerate(tup):
+                if v is None:
+                    parts.append(rel.keys_json[i] + "null")
+                elif v is UNCHANGED_TOAST:
+                    if toast is None:
+                        toast = []
+                    toast.append(rel.names[i])
+                else:
+                    parts.append(rel.keys_json[i] + rel.encoders[i](v))
+        except (ValueMappingError, UnicodeDecodeError) as exc:
+            raise ValueMappingError(f"table {rel.schema}.{rel.name}, column {rel.keys_json[i][:-1]}: {exc}") from exc
         return "{" + ",".join(parts) + "}", (tuple(toast) if toast else None)
 
     @staticmethod
@@ -171,8 +181,14 @@ class ChangeBuilder:
         parts = []
         for i in rel.pk_idx:
             v = tup[i]
-            if v is None or v is UNCHANGED_TOAST:
+            if v is None:
                 parts.append(rel.keys_json[i] + "null")
+            elif v is UNCHANGED_TOAST:
+                raise ValueMappingError(
+                    f"table {rel.schema}.{rel.name}: key column {rel.keys_json[i][:-1]} is an unchanged TOAST "
+                    "value (not sent), so the row's key cannot be encoded; give the table a primary key "
+                    "(without one, REPLICA IDENTITY FULL makes every column part of the key)"
+                )
             else:
                 parts.append(rel.keys_json[i] + rel.encoders[i](v))
         return "{" + ",".join(parts) + "}"

@@ -11,8 +11,17 @@ import pytest
 from ingest.errors import SourceError
 from ingest.events import Action, ChangeEvent
 from ingest.sources.postgres.changes import ChangeBuilder, TxnEnd
-from ingest.sources.postgres.pgoutput import Begin, Commit, Insert, Relation, RelationColumn, decode
-from ingest.sources.postgres.values import TypeCatalog
+from ingest.sources.postgres.pgoutput import (
+    UNCHANGED_TOAST,
+    Begin,
+    Commit,
+    Insert,
+    Relation,
+    RelationColumn,
+    Update,
+    decode,
+)
+from ingest.sources.postgres.values import TypeCatalog, ValueMappingError
 
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "pgoutput_v1.json").read_text())
 
@@ -110,3 +119,61 @@ def test_table_without_key_or_full_identity_is_refused() -> None:
     )
     with pytest.raises(SourceError, match="no primary key"):
         b.feed(rel)
+
+
+INT4, TEXT, BOOL = 23, 25, 16
+
+
+def builder_for(columns: list[tuple[str, int]], replica_identity: str = "d", key: bool = True) -> ChangeBuilder:
+    """A builder in a transaction that knows relation 7, `s.t`, with these (name, type OID) columns.
+
+    `key`: the catalog gives `id` as the primary key (else the table has none).
+    """
+    cat = FixtureCatalog()
+    cat.columns[7] = [name for name, _ in columns] if key else []
+    b = ChangeBuilder(cat, use_native=False)
+    cols = tuple(RelationColumn(flags=1, name=name, type_oid=oid, type_modifier=-1) for name, oid in columns)
+    b.feed(Relation(relation_id=7, namespace="s", name="t", replica_identity=replica_identity, columns=cols))
+    b.feed(Begin(final_lsn=100, commit_ts_us=0, xid=1))
+    return b
+
+
+def test_tuple_width_other_than_the_relation_is_an_error() -> None:
+    """Issue 16: a tuple narrower than the cached Relation was encoded as a record missing columns.
+
+    (A wider one raised a bare IndexError.) Either means a Relation message was missed; the stream
+    must stop with a message naming the table.
+    """
+    b = builder_for([("id", INT4), ("name", TEXT)])
+    for new in [(b"1",), (b"1", b"a", b"x")]:
+        with pytest.raises(ValueMappingError, match=r"table s\.t: .* a Relation message was missed"):
+            b.feed(Insert(relation_id=7, new=new))
+    assert b.feed(Insert(relation_id=7, new=(b"1", b"a"))) is not None  # the right width still goes through
+
+
+def test_unchanged_toast_key_column_is_an_error() -> None:
+    """Issue 16: an unchanged-TOAST key column was written as null in `record_pk`.
+
+    With REPLICA IDENTITY FULL and no primary key every column is the key, and an UPDATE that does
+    not touch a TOASTed column sends it as unchanged: the event's key then differed from the row's.
+    """
+    b = builder_for([("id", INT4), ("body", TEXT)], replica_identity="f", key=False)
+    update = Update(relation_id=7, old_kind="O", old=(b"1", b"long"), new=(b"2", UNCHANGED_TOAST))
+    with pytest.raises(ValueMappingError, match=r'table s\.t: key column "body" is an unchanged TOAST value'):
+        b.feed(update)
+
+
+def test_null_key_column_is_json_null() -> None:
+    """A NULL key column (possible when REPLICA IDENTITY FULL makes every column the key) is null."""
+    b = builder_for([("id", INT4), ("note", TEXT)], replica_identity="f", key=False)
+    ev = b.feed(Insert(relation_id=7, new=(b"1", None)))
+    assert isinstance(ev, ChangeEvent)
+    assert (ev.record_pk, ev.record) == ('{"id":1,"note":null}', '{"id":1,"note":null}')
+
+
+def test_value_that_does_not_map_names_table_and_column() -> None:
+    b = builder_for([("id", INT4), ("ok", BOOL), ("t", TEXT)])
+    with pytest.raises(ValueMappingError, match=r"table s\.t, column \"ok\": boolean value 'x'"):
+        b.feed(Insert(relation_id=7, new=(b"1", b"x", b"")))
+    with pytest.raises(ValueMappingError, match=r'table s\.t, column "t": .*utf-8'):
+        b.feed(Insert(relation_id=7, new=(b"1", b"t", b"\xff")))

@@ -66,12 +66,34 @@ class KeyCatalog(FixtureCatalog):
         return self.columns[relation_id][:1]
 
 
+class NoKeyCatalog(FixtureCatalog):
+    """Type mappings of the recorded server; no table has a primary key (REPLICA IDENTITY FULL: all columns)."""
+
+    def primary_key(self, relation_id: int) -> list[str]:
+        return []
+
+
+def refuses(builder: ChangeBuilder, payload: bytes) -> bool:
+    """Whether the builder's compiled decoder hands `payload` back to Python (False if none takes it)."""
+    if payload[:1] not in (b"I", b"U", b"D"):
+        return False
+    rel = builder._rels.get(struct.unpack_from("!I", payload, 1)[0])
+    if rel is None or rel.native is None:
+        return False
+    try:
+        rel.native.change(payload)
+    except ValueError:
+        return True
+    return False
+
+
 def both_paths(
-    payloads: list[bytes], catalog: Any, native_used: list[int] | None = None
+    payloads: list[bytes], catalog: Any, native_used: list[int] | None = None, refused: list[bool] | None = None
 ) -> tuple[list[Any], list[Any]]:
     """Feed `payloads` to a builder with the compiled decoder and to one without; their outputs.
 
-    `native_used` receives the relation ids the first builder decodes with the compiled decoder.
+    `native_used` receives the relation ids the first builder decodes with the compiled decoder;
+    `refused`, one entry per payload: whether the compiled decoder handed it back to Python.
     """
     outs: list[list[Any]] = [[], []]
     builders = [ChangeBuilder(catalog, use_native=True), ChangeBuilder(catalog, use_native=False)]
@@ -80,6 +102,8 @@ def both_paths(
             msg = decode(p)
             assert isinstance(msg, Relation)
             catalog.columns[msg.relation_id] = [c.name for c in msg.columns]
+        if refused is not None:
+            refused.append(refuses(builders[0], p))
         for i, b in enumerate(builders):
             try:
                 outs[i].append(b.feed_payload(p) if i == 0 else b.feed(decode(p)))
@@ -109,7 +133,13 @@ def test_relations_with_array_columns_keep_the_python_path() -> None:
 
 
 @st.composite
-def scenario(draw: Any) -> tuple[list[bytes], int]:
+def scenario(draw: Any) -> tuple[list[bytes], bool]:
+    """A relation and changes of it; some rows break a rule both paths must enforce alike.
+
+    Rare rows have a NULL or unchanged-TOAST key column, or one column too few or too many (a
+    missed Relation message). Returns the payloads and whether the table has no primary key
+    (REPLICA IDENTITY FULL, so every column is part of the key).
+    """
     n = draw(st.integers(1, 6))
     oids = [INT8] + draw(st.lists(st.sampled_from(list(VALUE_TEXT)), min_size=n - 1, max_size=n - 1))
     names = [f"c{i}" + draw(st.sampled_from(["", '"q"', "é", "\\", " x"])) for i in range(n)]
@@ -117,14 +147,17 @@ def scenario(draw: Any) -> tuple[list[bytes], int]:
         names = [f"{name}_{i}" for i, name in enumerate(names)]
 
     def row(key: int, toast: bool = False) -> list[Any]:
-        vals: list[Any] = [str(key)]
+        first = draw(st.sampled_from(["value"] * 8 + ["null", "toast"]))
+        vals: list[Any] = [str(key) if first == "value" else None if first == "null" else "\x00toast"]
         for oid in oids[1:]:
             choice = draw(st.sampled_from(["value", "null", "toast"] if toast else ["value", "null"]))
             vals.append(draw(VALUE_TEXT[oid]) if choice == "value" else None if choice == "null" else "\x00toast")
-        return vals
+        width = draw(st.sampled_from(["same"] * 10 + ["short", "long"]))
+        return vals[:-1] if width == "short" else vals + ["1"] if width == "long" else vals
 
     ident = draw(st.sampled_from(["d", "f"]))
-    relation = relation_bytes(9, names, oids, [True] + [False] * (n - 1), ident)
+    no_key = ident == "f" and draw(st.booleans())
+    relation = relation_bytes(9, names, oids, [True] + [no_key] * (n - 1), ident)
     payloads = [b"B" + struct.pack("!QqI", 1000, 0, 7), relation]
     for _ in range(draw(st.integers(1, 8))):
         key = draw(st.integers(-5, 5))
@@ -141,16 +174,26 @@ def scenario(draw: Any) -> tuple[list[bytes], int]:
             payloads.append(head + b"N" + tuple_bytes(row(key, toast=True)))
         else:
             payloads.append(b"D" + struct.pack("!I", 9) + draw(st.sampled_from([b"K", b"O"])) + tuple_bytes(row(key)))
-    return payloads, n
+    return payloads, no_key
 
 
 @settings(max_examples=300, deadline=None)
 @given(scenario())
-def test_random_rows_are_decoded_identically(case: tuple[list[bytes], int]) -> None:
-    payloads, _ = case
+def test_random_rows_are_decoded_identically(case: tuple[list[bytes], bool]) -> None:
+    payloads, no_key = case
     used: list[int] = []
-    fast, slow = both_paths(payloads, KeyCatalog(), used)
+    refused: list[bool] = []
+    fast, slow = both_paths(payloads, NoKeyCatalog() if no_key else KeyCatalog(), used, refused)
     assert fast == slow and used == [9]
+    # The compiled decoder hands back exactly the changes Python refuses (width, unchanged-TOAST
+    # key), and those fail with the error that names the problem.
+    errors = [isinstance(out, tuple) and out[0] == "error" for out in slow]
+    assert refused == errors
+    assert all(
+        "a Relation message was missed" in out[2] or "unchanged TOAST" in out[2]
+        for out, error in zip(slow, errors, strict=True)
+        if error
+    )
 
 
 @pytest.mark.parametrize(
@@ -162,6 +205,9 @@ def test_random_rows_are_decoded_identically(case: tuple[list[bytes], int]) -> N
         b"I" + struct.pack("!I", 9) + b"N" + struct.pack("!h", 2) + b"n" + b"x",  # unknown marker
         b"I" + struct.pack("!I", 9) + b"X" + tuple_bytes(["1", "t"]),  # unknown tuple kind
         b"I" + struct.pack("!I", 9) + b"N" + tuple_bytes(["\xff", "t"]),  # not a number (not ASCII)
+        b"I" + struct.pack("!I", 9) + b"N" + tuple_bytes(["1"]),  # narrower than the relation
+        b"I" + struct.pack("!I", 9) + b"N" + tuple_bytes(["1", "t", "t"]),  # wider than the relation
+        b"U" + struct.pack("!I", 9) + b"N" + tuple_bytes(["\x00toast", "t"]),  # unchanged-TOAST key
     ],
 )
 def test_what_the_compiled_decoder_refuses_gets_the_python_error(payload: bytes) -> None:
