@@ -9,7 +9,6 @@ never waits for them.
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import threading
@@ -24,8 +23,11 @@ from pymongo.errors import OperationFailure
 
 from ingest.bronze.committer import Batch, Committer
 from ingest.bronze.writer import BronzeWriter
+from ingest.capture.batcher import CommitSink, Resume, TransactionBatcher
+from ingest.capture.snapshots import SnapshotThread
 from ingest.config import BatchConfig, MongoSource
 from ingest.events import Action, ChangeEvent, WriterKind, WriterPosition
+from ingest.positions import STREAM_WRITER_ID, SnapshotProgress, SourcePositions
 from ingest.progress import Progress
 from ingest.sources.mongodb.changes import (
     ChangeMapper,
@@ -36,17 +38,16 @@ from ingest.sources.mongodb.changes import (
     resume_token_position,
     unpack_cluster_time,
 )
-from ingest.sources.mongodb.snapshot import WRITER_PREFIX, MongoSnapshotter, SnapshotState
+from ingest.sources.mongodb.snapshot import MongoSnapshotter
 from ingest.sources.mongodb.source import StreamHistoryLostError, cluster_time, collections, connect, scope, translate
 
 log = logging.getLogger(__name__)
 
 SOURCE_KIND = "mongodb"
-STREAM_WRITER_ID = "stream"
 RESUME_AFTER = "resumeAfter"
 START_AFTER = "startAfter"
-IDLE_POSITION_INTERVAL_S = 10.0  # how often an idle stream raises its row to the post-batch token
 SNAPSHOT_POLL_S = 0.5
+REQUEST_POLL_S = 5.0  # how often an idle snapshot worker looks for `snapshot` requests in bronze
 
 
 def stored_token(kind: str, token: Mapping[str, Any]) -> str:
@@ -80,20 +81,27 @@ class MongoCapture:
         self.src, self.batch, self.writer, self.progress = src, batch, writer, progress
         self.scope = scope(src)
         self.durable_lsn = 0
-        self.skipped = 0
         self.snapshots_done: list[str] = []
         self.started_at = datetime.now(UTC)
-        self._snapshots: queue.Queue[tuple[str, SnapshotState | None]] = queue.Queue()
-        self._snapshot_error: BaseException | None = None
+        self._snapshots: queue.Queue[tuple[str, SnapshotProgress | None]] = queue.Queue()
+        self._queued: set[str] = set()  # snapshot writers taken from bronze into the queue
+        self._stream_done = threading.Event()  # the stream ended: the snapshot worker ends when its queue is empty
+        self.batcher: TransactionBatcher | None = None
+
+    @property
+    def skipped(self) -> int:
+        """Events a restart re-delivered that were durable already (not appended again)."""
+        return self.batcher.skipped if self.batcher is not None else 0
 
     # -- registration -------------------------------------------------------------------------
 
-    def _register(self, client: MongoClient[dict[str, Any]]) -> tuple[str, Mapping[str, Any]] | None:
-        self.writer.ensure_tables()
-        mine = [p for p, _ in self.writer.positions(self.src.name) if p.writer_id == STREAM_WRITER_ID]
-        if mine:
-            self.durable_lsn = mine[0].durable_lsn
-            return parse_stored_token(mine[0].resume_token)
+    def _register(
+        self, client: MongoClient[dict[str, Any]], positions: SourcePositions
+    ) -> tuple[str, Mapping[str, Any]] | None:
+        mine = positions.stream
+        if mine is not None:
+            self.durable_lsn = mine.durable_lsn
+            return parse_stored_token(mine.resume_token)
         # A new writer starts at the server's current cluster time: the stream begins there.
         self.durable_lsn = pack_cluster_time(cluster_time(client))
         self._raise_row(None)
@@ -107,18 +115,20 @@ class MongoCapture:
 
     def _plan_snapshots(self, client: MongoClient[dict[str, Any]]) -> None:
         """Queue resumed snapshots (their writer rows) and collections never snapshotted."""
-        rows = [p for p, _ in self.writer.positions(self.src.name) if p.writer_kind == WriterKind.SNAPSHOT]
-        running: set[str] = set()
-        for p in rows:
-            if p.writer_id.startswith(WRITER_PREFIX) and p.resume_token:
-                state = SnapshotState.from_json(p.resume_token)
-                running.add(state.table)
-                self._snapshots.put((state.table.split(".", 1)[1], state))
+        running = {p.table for p in self._poll_requests()}
         done = self.writer.completed_snapshots(self.src.name)
         for coll in collections(client, self.src):
             table = f"{self.src.database}.{coll}"
             if table not in done and table not in running:
                 self._snapshots.put((coll, None))
+
+    def _poll_requests(self) -> list[SnapshotProgress]:
+        """Queue snapshot writers registered in bronze and not yet queued (resumed, or `snapshot` requests)."""
+        new = [p for p in SourcePositions.read(self.writer, self.src.name).snapshots if p.writer_id not in self._queued]
+        for progress in new:
+            self._queued.add(progress.writer_id)
+            self._snapshots.put((progress.table.split(".", 1)[1], progress))
+        return new
 
     # -- the run ------------------------------------------------------------------------------
 
@@ -126,48 +136,41 @@ class MongoCapture:
         """Capture until `should_stop()`, or with `once` until the stream is drained and snapshots are done."""
         client = connect(self.src)
         try:
-            stored = self._register(client)
-            skip_upto = self.writer.last_event_position(self.src.name, STREAM_WRITER_ID, self.durable_lsn)
-            self._plan_snapshots(client)
-            stream_done, stream_failed = threading.Event(), threading.Event()
-            snap = threading.Thread(
-                target=self._snapshot_worker,
-                args=(client, lambda: should_stop() or stream_failed.is_set(), stream_done),
-                name=f"snapshot-{self.src.name}",
-                daemon=True,
+            self.writer.ensure_tables()
+            stored = self._register(client, SourcePositions.read(self.writer, self.src.name))
+            resume = Resume(
+                self.durable_lsn, self.writer.last_event_position(self.src.name, STREAM_WRITER_ID, self.durable_lsn)
             )
-            snap.start()
+            self._plan_snapshots(client)
+            self._stream_done.clear()
+            snapshots = SnapshotThread(self.src.name, lambda stop: self._snapshot_worker(client, stop), should_stop)
             try:
-                self._stream(client, stored, skip_upto, once, should_stop)
+                self._stream(client, stored, resume, once, should_stop, snapshots)
             except BaseException:
-                stream_failed.set()
+                snapshots.stop()
                 raise
-            finally:
-                stream_done.set()
-                snap.join()
-            if self._snapshot_error is not None:
-                raise self._snapshot_error
+            self._stream_done.set()
+            snapshots.join()
+            snapshots.check()
         finally:
             client.close()
 
-    def _snapshot_worker(
-        self, client: MongoClient[dict[str, Any]], should_stop: Callable[[], bool], stream_done: threading.Event
-    ) -> None:
+    def _snapshot_worker(self, client: MongoClient[dict[str, Any]], should_stop: Callable[[], bool]) -> None:
         """Run queued snapshots one at a time until stopped, or (after the stream ended) none is left."""
-        try:
-            while not should_stop():
-                try:
-                    coll, state = self._snapshots.get(timeout=SNAPSHOT_POLL_S)
-                except queue.Empty:
-                    if stream_done.is_set() and self._snapshots.empty():
-                        return
-                    continue
-                snapshotter = MongoSnapshotter(self.src, client, self.writer, coll, state)
-                if snapshotter.run(should_stop):
-                    self.snapshots_done.append(snapshotter.ns.qualified)
-        except BaseException as e:  # surfaced by run() in the caller's thread
-            log.error("snapshot failed source=%s error=%s", self.src.name, e)
-            self._snapshot_error = e
+        last_poll = time.monotonic()
+        while not should_stop():
+            try:
+                coll, state = self._snapshots.get(timeout=SNAPSHOT_POLL_S)
+            except queue.Empty:
+                if self._stream_done.is_set() and self._snapshots.empty():
+                    return
+                if time.monotonic() - last_poll >= REQUEST_POLL_S:
+                    self._poll_requests()
+                    last_poll = time.monotonic()
+                continue
+            snapshotter = MongoSnapshotter(self.src, client, self.writer, coll, state)
+            if snapshotter.run(should_stop):
+                self.snapshots_done.append(snapshotter.ns.qualified)
 
     def _open(
         self, client: MongoClient[dict[str, Any]], stored: tuple[str, Mapping[str, Any]] | None
@@ -231,9 +234,10 @@ class MongoCapture:
         self,
         client: MongoClient[dict[str, Any]],
         stored: tuple[str, Mapping[str, Any]] | None,
-        skip_upto: tuple[int, int] | None,
+        resume: Resume,
         once: bool,
         should_stop: Callable[[], bool],
+        snapshots: SnapshotThread | None = None,
     ) -> None:
         committer = Committer(
             self.writer,
@@ -255,10 +259,11 @@ class MongoCapture:
                 log.warning("source=%s resume point lost: tombstoning and re-snapshotting", self.src.name)
                 self._recover_history_lost(client, committer)
                 self.durable_lsn = committer.durable_lsn
+                resume = Resume(self.durable_lsn, resume.last_in_bronze)
                 stored = None
                 stream = self._open(client, stored)
             try:
-                self._loop(client, stream, committer, skip_upto, once, should_stop)
+                self._loop(client, stream, committer, resume, once, should_stop, snapshots)
             finally:
                 stream.close()
             committer.drain()
@@ -270,118 +275,75 @@ class MongoCapture:
         self,
         client: MongoClient[dict[str, Any]],
         stream: ChangeStream[Any],
-        committer: Committer,
-        skip_upto: tuple[int, int] | None,
+        committer: CommitSink,
+        resume: Resume,
         once: bool,
         should_stop: Callable[[], bool],
+        snapshots: SnapshotThread | None = None,
     ) -> None:
+        """The protocol side of the stream: read, map, reopen after an invalidate, the post-batch token.
+
+        Batching, re-delivery skips and position raises are the shared TransactionBatcher's. A
+        transaction here is the events sharing one clusterTime.
+        """
         mapper = ChangeMapper(self.scope, collections(client, self.src) if self.scope.coll is None else ())
-        pending: list[ChangeEvent] = []
+        batcher = TransactionBatcher(committer, self.batch, resume)
+        self.batcher = batcher
         open_lsn: int | None = None  # the transaction whose events are still arriving
         open_token: Mapping[str, Any] | None = None
-        done_lsn: int | None = None  # the last complete transaction not yet made durable
-        done_token: str | None = None
-        batch_started = last_idle_raise = time.monotonic()
-        skip_below = self.durable_lsn
-        max_events, max_seconds = self.batch.max_events, self.batch.max_seconds
 
-        def submit(mid_transaction: bool = False) -> None:
-            nonlocal done_lsn, done_token
-            end_lsns = {e.commit_lsn: e.commit_lsn for e in pending if e.commit_lsn != open_lsn}
-            batch = Batch(list(pending), mid_transaction=mid_transaction, end_lsns=end_lsns)
-            if done_lsn is not None:  # every event at or below it is in this batch or an earlier one
-                batch.durable_lsn = batch.ack_lsn = done_lsn
-                batch.resume_token = done_token
-                done_lsn = done_token = None
-            pending.clear()
-            committer.submit(batch)
-
-        def complete_open(kind: str = RESUME_AFTER) -> None:
-            nonlocal open_lsn, open_token, done_lsn, done_token
+        def complete_open(now: float, kind: str = RESUME_AFTER) -> None:
+            nonlocal open_lsn, open_token
             if open_lsn is not None and open_token is not None:
-                done_lsn, done_token = open_lsn, stored_token(kind, open_token)
+                batcher.end_transaction(open_lsn, open_lsn, now, stored_token(kind, open_token))
             open_lsn = open_token = None
 
         while not should_stop():
             now = time.monotonic()
+            if snapshots is not None:
+                snapshots.check()
             try:
                 doc = stream.try_next()
             except OperationFailure as e:
                 raise translate(self.src, e) from e
             if doc is None:
                 # The server has nothing more: the open transaction is complete.
-                complete_open()
+                complete_open(now)
                 token = stream.resume_token
                 observed = resume_token_position(token)
-                ahead = (
-                    token is not None and observed is not None and observed > max(done_lsn or 0, committer.durable_lsn)
-                )
-                due = pending or done_lsn is not None or now - last_idle_raise >= IDLE_POSITION_INTERVAL_S or once
-                if ahead and due and token is not None and observed is not None:
-                    done_lsn, done_token = observed, stored_token(RESUME_AFTER, token)
-                    last_idle_raise = now
-                if pending or done_lsn is not None:
-                    submit()
+                if token is not None and observed is not None:
+                    batcher.observe(observed, now, stored_token(RESUME_AFTER, token), force=once)
+                if batcher.has_work:
+                    batcher.submit()
                 if once:
                     break
                 self.progress.tick(None)
                 continue
             mapped = mapper.feed(doc)
-            event = mapped.event
             lsn = pack_cluster_time(doc["clusterTime"])
             if open_lsn is not None and lsn != open_lsn:
-                complete_open()
-                if len(pending) >= max_events or (pending and now - batch_started >= max_seconds):
-                    submit()
+                complete_open(now)
             open_lsn, open_token = lsn, mapped.token
-            if event is not None:
-                if event.commit_lsn <= skip_below or (skip_upto is not None and event.position <= skip_upto):
-                    self.skipped += 1  # re-delivered after a restart; already durable in bronze
-                else:
-                    if not pending:
-                        batch_started = now
-                    pending.append(event)
-                    if len(pending) >= max_events:
-                        submit(mid_transaction=True)  # a transaction larger than a batch goes in pages
+            if mapped.event is not None:
+                batcher.add(mapped.event, now)
             if mapped.renamed_to is not None and self._in_scope(mapped.renamed_to):
                 self._snapshots.put((mapped.renamed_to.coll or "", None))
             if mapped.invalidated:
                 # The stream is closed: make everything durable with a startAfter token, then reopen.
-                complete_open(START_AFTER)
-                submit()
+                complete_open(now, START_AFTER)
+                batcher.submit()
                 committer.drain()
                 stream.close()
                 log.warning("source=%s stream invalidated; reopening with startAfter", self.src.name)
                 stream = self._open(client, (START_AFTER, mapped.token))
                 mapper = ChangeMapper(self.scope, sorted(mapper.known))
             self.progress.tick(None)
-        if pending or done_lsn is not None:
-            complete_open()
-            submit()
+        if batcher.has_work:
+            complete_open(time.monotonic())
+            batcher.submit()
         committer.drain()
 
     def _in_scope(self, ns: Namespace) -> bool:
         if ns.db != self.src.database or ns.coll is None:
             return False
         return self.src.collections is None or ns.coll in self.src.collections
-
-
-def positions_summary(writer: BronzeWriter, source: str) -> list[str]:
-    """Status lines of a MongoDB source's writer rows (cluster times, snapshot progress)."""
-    lines = []
-    rows = writer.positions(source)
-    for pos, updated in sorted(rows, key=lambda r: r[0].writer_id):
-        ts = unpack_cluster_time(pos.durable_lsn)
-        extra = ""
-        if pos.writer_kind == WriterKind.SNAPSHOT and pos.resume_token:
-            st = json.loads(pos.resume_token)
-            extra = f", snapshot of {st.get('table')}: {st.get('pages')} pages, {st.get('rows')} rows"
-        lines.append(
-            f"writer {pos.writer_id} ({pos.writer_kind.value}): durable clusterTime {ts.time}.{ts.inc} "
-            f"({datetime.fromtimestamp(ts.time, UTC):%Y-%m-%d %H:%M:%S} UTC){extra}, "
-            f"updated {updated:%Y-%m-%d %H:%M:%S}"
-        )
-    if rows:
-        low = unpack_cluster_time(min(p.durable_lsn for p, _ in rows))
-        lines.append(f"safe bound: clusterTime {low.time}.{low.inc}")
-    return lines

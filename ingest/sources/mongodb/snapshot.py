@@ -9,12 +9,11 @@ when the last page is durable. A crashed snapshot resumes after its last durable
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -27,37 +26,14 @@ from ingest.bronze.writer import BronzeWriter
 from ingest.config import MongoSource
 from ingest.errors import SourceError
 from ingest.events import SnapshotPage, SnapshotRow, WriterKind, WriterPosition
+from ingest.positions import SnapshotProgress, SourcePositions
 from ingest.sources.mongodb.changes import Namespace, ext_json, from_ext_json, pack_cluster_time, record_key
 from ingest.sources.mongodb.source import cluster_time
 
 log = logging.getLogger(__name__)
 
 SOURCE_KIND = "mongodb"
-WRITER_PREFIX = "snapshot-"
 SNAPSHOT_READ_CONCERN = {"level": "snapshot"}
-
-
-@dataclass(frozen=True, slots=True)
-class SnapshotState:
-    """A snapshot's writer row, as `resume_token` JSON: which collection, how far."""
-
-    table: str
-    snapshot_id: str
-    pages: int
-    rows: int
-
-    def to_json(self) -> str:
-        """The writer row's `resume_token`."""
-        return json.dumps(
-            {"table": self.table, "snapshot_id": self.snapshot_id, "pages": self.pages, "rows": self.rows},
-            separators=(",", ":"),
-        )
-
-    @classmethod
-    def from_json(cls, text: str) -> SnapshotState:
-        """Parse a writer row's `resume_token`."""
-        d = json.loads(text)
-        return cls(str(d["table"]), str(d["snapshot_id"]), int(d["pages"]), int(d["rows"]))
 
 
 def comparison_bracket(value: Any) -> str:
@@ -71,11 +47,6 @@ def comparison_bracket(value: Any) -> str:
     if isinstance(value, bytes):  # bson.Binary is a bytes
         return "binary"
     return type(value).__name__
-
-
-def writer_id(snapshot_id: str) -> str:
-    """The bronze writer of a snapshot."""
-    return f"{WRITER_PREFIX}{snapshot_id}"
 
 
 class MongoSnapshotter:
@@ -92,30 +63,29 @@ class MongoSnapshotter:
         client: MongoClient[dict[str, Any]],
         writer: BronzeWriter,
         collection: str,
-        state: SnapshotState | None = None,
+        state: SnapshotProgress | None = None,
     ) -> None:
         """Snapshot `collection` of `src`; with `state` (a writer row), resume that snapshot."""
         self.src, self.client, self.writer = src, client, writer
         self.ns = Namespace(src.database, collection)
-        self.state = state or SnapshotState(self.ns.qualified, str(uuid.uuid4()), 0, 0)
-        self.writer_id = writer_id(self.state.snapshot_id)
+        self.state = state or SnapshotProgress(self.ns.qualified, str(uuid.uuid4()))
+        self.writer_id = self.state.writer_id
         self.started_at = datetime.now(UTC)
         self.durable_lsn = 0
         self._warned_no_cluster_time = False
 
     def run(self, should_stop: Callable[[], bool]) -> bool:
         """Read pages until the collection ends (True) or `should_stop()` (False, resumable)."""
-        page_number, after = self._register()
-        if page_number < 0:
+        start = self._register()
+        if start is None:  # the last page is durable already; only the writer row was left
             self.writer.remove_writer(self.src.name, self.writer_id)
             return True
+        page_number, after = start
         self._check_key_types()
         while not should_stop():
             page = self._read_page(page_number, after)
             self.writer.append_page(self.src.name, SOURCE_KIND, self.writer_id, page)
-            self.state = SnapshotState(
-                self.state.table, self.state.snapshot_id, page_number + 1, self.state.rows + len(page.rows)
-            )
+            self.state = replace(self.state, pages=page_number + 1, rows=self.state.rows + len(page.rows))
             if page.last_page:
                 self.writer.remove_writer(self.src.name, self.writer_id)
                 log.info("snapshot done source=%s table=%s rows=%d", self.src.name, self.ns.qualified, self.state.rows)
@@ -125,20 +95,24 @@ class MongoSnapshotter:
             page_number += 1
         return False
 
-    def _register(self) -> tuple[int, Any]:
-        """Write (or find) the writer row; returns the next page number and the `_id` to read after."""
-        mine = [p for p, _ in self.writer.positions(self.src.name) if p.writer_id == self.writer_id]
-        if mine:
-            self.durable_lsn = mine[0].durable_lsn
+    def _register(self) -> tuple[int, Any] | None:
+        """Write (or find) the writer row; returns the next page number and the `_id` to read after.
+
+        None: the snapshot's last page is durable already (a crash left only its writer row).
+        """
+        positions = SourcePositions.read(self.writer, self.src.name)
+        mine = positions.writer(self.writer_id)
+        if mine is not None:
+            self.durable_lsn = mine.durable_lsn
         else:
-            others = [p.durable_lsn for p, _ in self.writer.positions(self.src.name)]
-            self.durable_lsn = min(others) if others else pack_cluster_time(cluster_time(self.client))
+            bound = positions.safe_bound  # DESIGN §4: a new writer starts at the safe bound
+            self.durable_lsn = bound if bound is not None else pack_cluster_time(cluster_time(self.client))
             self._raise(self.durable_lsn)
         last = self.writer.last_durable_page(self.src.name, self.state.snapshot_id)
         if last is None:
             return 0, None
-        if last.after_key is None or last.complete:  # the last page is durable; only the row was left
-            return -1, None
+        if last.after_key is None or last.complete:
+            return None
         return last.page_number + 1, from_ext_json(last.after_key[0])
 
     def _raise(self, lsn: int) -> None:
@@ -218,3 +192,20 @@ class MongoSnapshotter:
             )
             self._warned_no_cluster_time = True
         return cluster_time(self.client)
+
+
+def request_snapshot(
+    src: MongoSource, client: MongoClient[dict[str, Any]], writer: BronzeWriter, collection: str
+) -> tuple[SnapshotProgress, int]:
+    """Register a snapshot writer for `collection` at the safe bound; returns it and its start position.
+
+    A running `run` picks it up within seconds (its snapshot worker polls the writer rows), else the
+    next run does.
+    """
+    writer.ensure_tables()
+    bound = SourcePositions.read(writer, src.name).safe_bound
+    start = bound if bound is not None else pack_cluster_time(cluster_time(client))
+    progress = SnapshotProgress(f"{src.database}.{collection}", str(uuid.uuid4()))
+    pos = WriterPosition(src.name, progress.writer_id, WriterKind.SNAPSHOT, start, start, progress.to_json())
+    writer.raise_position(pos, datetime.now(UTC))
+    return progress, start

@@ -14,29 +14,30 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from ingest import faults
-from ingest.bronze.committer import Batch, Committer
+from ingest.bronze.committer import Committer
 from ingest.bronze.writer import BronzeWriter
+from ingest.capture.batcher import Resume, TransactionBatcher
+from ingest.capture.snapshots import SnapshotThread
 from ingest.config import BatchConfig, PostgresSource
-from ingest.events import ChangeEvent, WriterKind, WriterPosition
+from ingest.events import WriterKind, WriterPosition
+from ingest.positions import STREAM_WRITER_ID, SourcePositions
 from ingest.progress import Progress
 from ingest.sources.postgres.admin import DRAIN_PREFIX, HEARTBEAT_PREFIX, PostgresAdmin
 from ingest.sources.postgres.changes import ChangeBuilder, TxnEnd
 from ingest.sources.postgres.replication import Keepalive, ReplicationStream, XLogData
-from ingest.sources.postgres.snapshot import Hook, Snapshotter, SnapshotThread
+from ingest.sources.postgres.snapshot import Hook, Snapshotter
 from ingest.sources.postgres.values import TYPE_CATALOG_SQL, Encoder, TypeCatalog
 
 log = logging.getLogger(__name__)
 
-STREAM_WRITER_ID = "stream"
 READ_TIMEOUT_S = 0.2
-IDLE_POSITION_INTERVAL_S = 10.0  # how often an idle stream raises its row to the observed WAL end
 STATUS_INTERVAL_S = 10.0  # standby status updates even when the server does not ask
 # While change data keeps arriving, the loop's bookkeeping (stop flag, snapshot worker, drain,
 # status, heartbeat, progress) runs once per this many messages instead of once per message: it
 # cost ~1.5 us a message, a sixth of the decoder's time. Its clock is at most one burst stale.
 BURST_MESSAGES = 256
-# The first batch of a run is small: a fresh JVM spends seconds warming its Parquet/Delta write
-# path on whatever comes first, and it does so while the next (full) batch decodes, not after it.
+# The first batch of a run is small, so that the commit thread starts writing while the next
+# (full) batch decodes instead of after it.
 WARMUP_BATCH_EVENTS = 10_000
 
 
@@ -111,21 +112,24 @@ class PostgresCapture:
         """Prepare to capture `src` into `writer`'s bronze tables (and run its snapshots beside it)."""
         self.src = src
         self.snapshots = snapshots
-        self.snapshotter = Snapshotter(src, writer, page_rows, snapshot_hook)
-        self.snapshotter.progress = progress
+        self.snapshotter = Snapshotter(src, writer, page_rows, snapshot_hook, progress)
         self.batch = batch
         self.writer = writer
         self.progress = progress
         self.durable_lsn = 0
         self.ack_lsn = 0
         self.started_at = datetime.now(UTC)
-        self.skipped = 0
+        self.batcher: TransactionBatcher | None = None
 
-    def _register(self, admin: PostgresAdmin) -> None:
-        self.writer.ensure_tables()
-        mine = [(p, t) for p, t in self.writer.positions(self.src.name) if p.writer_id == STREAM_WRITER_ID]
-        if mine:
-            self.durable_lsn, self.ack_lsn = mine[0][0].durable_lsn, mine[0][0].ack_lsn
+    @property
+    def skipped(self) -> int:
+        """Events a restart re-delivered that were durable already (not appended again)."""
+        return self.batcher.skipped if self.batcher is not None else 0
+
+    def _register(self, admin: PostgresAdmin, positions: SourcePositions) -> None:
+        mine = positions.stream
+        if mine is not None:
+            self.durable_lsn, self.ack_lsn = mine.durable_lsn, mine.ack_lsn
             return
         # A new writer starts where the slot starts: nothing before it will ever be sent.
         self.durable_lsn = self.ack_lsn = admin.slot_health().confirmed_flush_lsn or 0
@@ -139,15 +143,18 @@ class PostgresCapture:
         admin = prepare_source(self.src)
         try:
             t0 = time.monotonic()
-            self._register(admin)
-            skip_upto = self.writer.last_event_position(self.src.name, STREAM_WRITER_ID, self.durable_lsn)
+            self.writer.ensure_tables()
+            self._register(admin, SourcePositions.read(self.writer, self.src.name))
+            resume = Resume(
+                self.durable_lsn, self.writer.last_event_position(self.src.name, STREAM_WRITER_ID, self.durable_lsn)
+            )
             known = self.writer.known_shapes(self.src.name)
             log.info(
-                "registered source=%s writer=%s durable_lsn=%d skip_upto=%s seconds=%.1f",
+                "registered source=%s writer=%s durable_lsn=%d last_in_bronze=%s seconds=%.1f",
                 self.src.name,
                 STREAM_WRITER_ID,
                 self.durable_lsn,
-                skip_upto,
+                resume.last_in_bronze,
                 time.monotonic() - t0,
             )
             committer = Committer(
@@ -170,14 +177,17 @@ class PostgresCapture:
                     self.snapshotter.load()
                     if self.src.snapshot.initial:
                         self.snapshotter.request_initial(lambda: admin.slot_health().current_wal_lsn)
-                    snapshots = SnapshotThread(self.snapshotter, should_stop, poll_requests=not once)
+                    snapshotter = self.snapshotter
+                    snapshots = SnapshotThread(
+                        self.src.name, lambda stop: snapshotter.run(stop, poll_requests=not once), should_stop
+                    )
                 self._loop(
                     admin,
                     stream,
                     committer,
                     ChangeBuilder(PgCatalog(admin)),
                     known,
-                    skip_upto,
+                    resume,
                     once,
                     should_stop,
                     snapshots,
@@ -197,41 +207,33 @@ class PostgresCapture:
         stream: ReplicationStream,
         committer: Committer,
         builder: ChangeBuilder,
-        known: set[str],
-        skip_upto: tuple[int, int] | None,
+        known_shape_hashes: set[str],
+        resume: Resume,
         once: bool,
         should_stop: Callable[[], bool],
         snapshots: SnapshotThread | None = None,
     ) -> None:
+        """The protocol side of the stream: read, decode, status replies, heartbeats, the drain marker.
+
+        Batching, re-delivery skips and position raises are the shared TransactionBatcher's.
+        """
+        batcher = TransactionBatcher(committer, self.batch, resume, first_batch_events=WARMUP_BATCH_EVENTS)
+        self.batcher = batcher
         # --once drains to a marker emitted once the snapshots are done, so that the stream passes
         # every page's watermark before the run ends (a page is usable only below the safe bound).
         drain_token = uuid.uuid4().hex if once else None
         drain_emitted = False
         drained = False
-        pending: list[ChangeEvent] = []
-        end_lsns: dict[int, int] = {}  # commit LSN -> end LSN for the transactions in `pending`
-        completed: TxnEnd | None = None  # the last transaction end not yet handed to the committer
-        batch_started = 0.0
-        last_activity = last_status = last_idle_raise = time.monotonic()
+        last_activity = last_status = time.monotonic()
         sent_ack = self.ack_lsn
         wal_end = observed = self.ack_lsn
-        skip_below = self.durable_lsn  # re-delivered: committed at or below our durable position
-        max_seconds = self.batch.max_seconds
-        max_events = min(self.batch.max_events, WARMUP_BATCH_EVENTS)
 
-        def submit() -> None:
-            nonlocal completed, max_events
-            max_events = self.batch.max_events
-            shapes = [sh for sh in builder.new_shapes if sh.shape_hash not in known]
+        def take_shapes() -> None:
+            for sh in builder.new_shapes:
+                if sh.shape_hash not in known_shape_hashes:
+                    known_shape_hashes.add(sh.shape_hash)
+                    batcher.shapes.append(sh)
             builder.new_shapes.clear()
-            known.update(sh.shape_hash for sh in shapes)
-            batch = Batch(list(pending), shapes, mid_transaction=builder.in_txn, end_lsns=dict(end_lsns))
-            if completed is not None:
-                batch.durable_lsn, batch.ack_lsn = completed.commit_lsn, completed.end_lsn
-                completed = None
-            pending.clear()
-            end_lsns.clear()
-            committer.submit(batch)
 
         burst = 0  # XLogData messages handled since the last bookkeeping
         now = time.monotonic()
@@ -251,29 +253,22 @@ class PostgresCapture:
                 wal_end = max(wal_end, msg.wal_end)
                 out = builder.feed_payload(msg.payload)
                 if out is None:
-                    pass
+                    if builder.new_shapes:
+                        take_shapes()
                 elif isinstance(out, TxnEnd):
-                    completed = out
-                    end_lsns[out.commit_lsn] = out.end_lsn
-                    if drained or len(pending) >= max_events or (pending and now - batch_started >= max_seconds):
-                        submit()
+                    batcher.end_transaction(out.commit_lsn, out.end_lsn, now)
                     if drained:
+                        if batcher.has_work:
+                            batcher.submit()
                         break
                 else:
                     if not builder.in_txn:  # a non-transactional logical message: a unit of its own
                         out = out._replace(commit_ts_us=int(time.time() * 1_000_000))
-                        completed = TxnEnd(out.commit_lsn, out.commit_lsn, out.commit_ts_us)
-                        end_lsns[out.commit_lsn] = out.commit_lsn
                     if drain_token and out.message_prefix == DRAIN_PREFIX and out.message_content == drain_token:
                         drained = True
-                    if out.commit_lsn <= skip_below or (skip_upto is not None and out.position <= skip_upto):
-                        self.skipped += 1  # re-delivered after a restart; already durable in bronze
-                    else:
-                        if not pending:
-                            batch_started = now
-                        pending.append(out)
-                        if len(pending) >= max_events and builder.in_txn:
-                            submit()  # a transaction larger than a batch goes to bronze in pages
+                    batcher.add(out, now)
+                    if not builder.in_txn:
+                        batcher.end_transaction(out.commit_lsn, out.commit_lsn, now)
                 burst = (burst + 1) % BURST_MESSAGES
                 if burst:
                     continue
@@ -283,17 +278,16 @@ class PostgresCapture:
                 # A keepalive's LSN is how far the server has decoded (sentPtr): every transaction that
                 # committed before it has been sent. (XLogData's wal_end is the server's WAL end: not that.)
                 observed = max(observed, msg.wal_end)
-                idle = not builder.in_txn and not pending and completed is None and committer.idle
-                if idle and observed > committer.ack_lsn and now - last_idle_raise >= IDLE_POSITION_INTERVAL_S:
-                    # Everything up to `observed` is durable: an idle writer reports what it observed.
-                    committer.submit(Batch([], durable_lsn=observed, ack_lsn=observed))
-                    last_idle_raise = now
+                if not builder.in_txn and not batcher.has_work and committer.idle:
+                    batcher.observe(observed, now)
+                    if batcher.has_work:
+                        batcher.submit()
                 if msg.reply_requested:
                     last_status = 0.0  # answer below
             else:
                 burst = 0
-                if (pending or completed is not None) and not builder.in_txn and now - batch_started >= max_seconds:
-                    submit()
+                if not builder.in_txn and batcher.has_work and (batcher.due(now) or not batcher.pending):
+                    batcher.submit()
             if committer.ack_lsn > sent_ack or now - last_status >= STATUS_INTERVAL_S:
                 sent_ack = committer.ack_lsn
                 stream.send_status(sent_ack)
@@ -304,12 +298,14 @@ class PostgresCapture:
                 last_activity = now
             self.progress.tick(max(0, wal_end - committer.durable_lsn))
         # Stopping: make what we have durable (a partial transaction is re-read next time), then ack.
-        if pending or completed is not None:
-            submit()
+        if batcher.has_work:
+            batcher.submit(mid_transaction=builder.in_txn)
         committer.drain()
-        if not builder.in_txn and observed > committer.durable_lsn and not drained:
-            committer.submit(Batch([], durable_lsn=observed, ack_lsn=observed))
-            committer.drain()
+        if not builder.in_txn and not drained:
+            batcher.observe(observed, now, force=True)
+            if batcher.has_work:
+                batcher.submit()
+                committer.drain()
         if committer.ack_lsn > sent_ack:
             stream.send_status(committer.ack_lsn)
             faults.hit("after_ack")

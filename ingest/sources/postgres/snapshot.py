@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -30,22 +29,22 @@ from ingest import faults
 from ingest.bronze.writer import BronzeWriter
 from ingest.config import PostgresSource
 from ingest.errors import BronzeWriteError, SourceError
-from ingest.events import SnapshotPage, SnapshotRow, WriterKind, WriterPosition
+from ingest.events import SnapshotPage, SnapshotRow, WriterKind, WriterPosition, lsn_to_int
+from ingest.positions import SnapshotProgress, SourcePositions, snapshot_writer_id
 from ingest.progress import Progress
-from ingest.sources.postgres.admin import PostgresAdmin, connect
+from ingest.sources.postgres.admin import PostgresAdmin
 from ingest.sources.postgres.replication import safe_dsn, session_conninfo
 from ingest.sources.postgres.values import TYPE_CATALOG_SQL, Encoder, TypeCatalog, json_names
 
 log = logging.getLogger(__name__)
 
 WATERMARK_PREFIX = "changelake.watermark"
-WRITER_PREFIX = "snapshot-"
 REQUEST_POLL_S = 5.0
 REREAD_POLL_S = 60.0  # how often a continuous run looks in silver for keys to re-read
 POSITION_INTERVAL_S = 2.0  # a running snapshot raises its writer row at most this often (and at its end)
 
-# A test (or an operator's debugging session) may run statements at these moments of a page.
-HOOK_POINTS = ("before_read", "after_begin", "after_read")
+# A test (or an operator's debugging session) may run statements at moments of a page:
+# "before_read", "after_begin" (the page's snapshot is taken next) and "after_read".
 Hook = Callable[[str, "SnapshotTask", int], None]
 
 
@@ -69,50 +68,41 @@ class SnapshotTask:
     @property
     def writer_id(self) -> str:
         """The writer row of this snapshot in bronze.stream_positions."""
-        return WRITER_PREFIX + self.snapshot_id
+        return snapshot_writer_id(self.snapshot_id)
 
     def position(self, source: str) -> WriterPosition:
         """The writer row as it stands."""
-        token = {
-            "table": self.table,
-            "snapshot_id": self.snapshot_id,
-            "pages": self.pages,
-            "rows": self.rows,
-            "estimated_rows": self.estimated_rows,
-            "rows_per_s": self.rows_per_s,
-        }
-        if self.bounded:
-            token["until"] = list(self.until) if self.until is not None else None
-        if self.keys is not None:
-            token["keys"] = [list(k) for k in self.keys]
+        progress = SnapshotProgress(
+            self.table,
+            self.snapshot_id,
+            self.pages,
+            self.rows,
+            self.estimated_rows,
+            self.rows_per_s,
+            self.until,
+            self.bounded,
+            self.keys,
+        )
         return WriterPosition(
-            source, self.writer_id, WriterKind.SNAPSHOT, self.durable_lsn, self.durable_lsn, json.dumps(token)
+            source, self.writer_id, WriterKind.SNAPSHOT, self.durable_lsn, self.durable_lsn, progress.to_json()
         )
 
     @classmethod
     def from_position(cls, pos: WriterPosition, started_at: datetime) -> SnapshotTask:
         """Rebuild a task from its writer row (after a restart, or a request by another process)."""
-        try:
-            token = json.loads(pos.resume_token or "")
-            table, snapshot_id = str(token["table"]), str(token["snapshot_id"])
-        except (ValueError, KeyError, TypeError) as e:
-            raise SourceError(
-                f"snapshot writer {pos.source}/{pos.writer_id} has an unreadable resume_token ({e}); "
-                "delete its row from bronze.stream_positions and request the snapshot again"
-            ) from None
-        until = token.get("until")
+        p = SnapshotProgress.from_row(pos)
         return cls(
-            table,
-            snapshot_id,
+            p.table,
+            p.snapshot_id,
             started_at,
             pos.durable_lsn,
-            int(token.get("pages") or 0),
-            int(token.get("rows") or 0),
-            token.get("estimated_rows"),
-            token.get("rows_per_s"),
-            until=tuple(str(k) for k in until) if until is not None else None,
-            bounded="until" in token,
-            keys=tuple(tuple(str(v) for v in k) for k in token["keys"]) if token.get("keys") is not None else None,
+            p.pages,
+            p.rows,
+            p.estimated_rows,
+            p.rows_per_s,
+            until=p.until,
+            bounded=p.bounded,
+            keys=p.keys,
         )
 
 
@@ -289,14 +279,10 @@ class PageReader:
         """Commit the page's high watermark (a transactional logical message); returns its LSN."""
         content = f"{task.table}:{task.snapshot_id}:{page}".encode()
         res = self._exec(b"select pg_logical_emit_message(true, $1, $2)::text", [WATERMARK_PREFIX.encode(), content])
-        from ingest.events import lsn_to_int
-
         return lsn_to_int((res.get_value(0, 0) or b"").decode())
 
     def current_lsn(self) -> int:
         """The server's current WAL insert position (no later watermark can be at or below it)."""
-        from ingest.events import lsn_to_int
-
         res = self._exec(b"select pg_current_wal_insert_lsn()::text")
         return lsn_to_int((res.get_value(0, 0) or b"").decode())
 
@@ -316,15 +302,19 @@ class Snapshotter:
         writer: BronzeWriter,
         page_rows: int | None = None,
         hook: Hook | None = None,
+        progress: Progress | None = None,
     ) -> None:
-        """Snapshot `src` into `writer`'s bronze; `page_rows` overrides the configured page size."""
+        """Snapshot `src` into `writer`'s bronze; `page_rows` overrides the configured page size.
+
+        `progress`: the stream's progress line, which then shows the running snapshot.
+        """
         self.src = src
         self.writer = writer
         self.page_rows = page_rows or src.snapshot.page_rows
         self.hook = hook
         self.tasks: list[SnapshotTask] = []
         self.completed: list[SnapshotTask] = []
-        self.progress: Progress | None = None  # the stream's progress line shows the running snapshot
+        self.progress = progress
         self._reread_seen: set[tuple[object, ...]] = set()
 
     # -- registration ----------------------------------------------------------------------
@@ -337,10 +327,9 @@ class Snapshotter:
         return self.tasks
 
     def _start_lsn(self, current_lsn: Callable[[], int]) -> int:
-        rows = self.writer.positions(self.src.name)
-        if rows:
-            return min(p.durable_lsn for p, _ in rows)  # DESIGN §4: a new writer starts at the safe bound
-        return current_lsn()
+        bound = SourcePositions.read(self.writer, self.src.name).safe_bound
+        # DESIGN §4: a new writer starts at the safe bound (the server's position for the first writer)
+        return bound if bound is not None else current_lsn()
 
     def request(
         self,
@@ -559,63 +548,13 @@ class Snapshotter:
         )
 
 
-class SnapshotThread:
-    """Runs a Snapshotter beside the stream; its failure surfaces in the stream's loop via check()."""
-
-    def __init__(self, snapshotter: Snapshotter, should_stop: Callable[[], bool], poll_requests: bool) -> None:
-        """Start the thread."""
-        self.snapshotter = snapshotter
-        self._stop = should_stop
-        self._halt = False
-        self.error: BaseException | None = None
-        self.finished = threading.Event()
-        self._thread = threading.Thread(
-            target=self._work, args=(poll_requests,), name=f"snapshot-{snapshotter.src.name}", daemon=True
-        )
-        self._thread.start()
-
-    def _work(self, poll_requests: bool) -> None:
-        try:
-            self.snapshotter.run(lambda: self._halt or self._stop(), poll_requests)
-        except BaseException as e:  # re-raised in the stream's thread by check()
-            log.error("snapshot failed source=%s error=%s", self.snapshotter.src.name, e)
-            self.error = e
-        finally:
-            self.finished.set()
-
-    def check(self) -> None:
-        """Raise the snapshot's failure, if any."""
-        if self.error is not None:
-            raise self.error
-
-    @property
-    def done(self) -> bool:
-        """Whether every snapshot finished (the thread ended without failure)."""
-        return self.finished.is_set() and self.error is None
-
-    def stop(self) -> None:
-        """Stop after the current page and wait; an unfinished snapshot resumes next run."""
-        self._halt = True
-        self._thread.join()
-
-
 def request_snapshot(src: PostgresSource, writer: BronzeWriter, table: str) -> SnapshotTask:
     """Register an on-demand snapshot of `table`; a running (or the next) `run` performs it."""
     if table not in src.tables:
         raise SourceError(f"source {src.name!r} does not capture {table}; configured tables: {', '.join(src.tables)}")
-    conn = connect(src)
+    reader = PageReader(src)
     try:
-
-        def current_lsn() -> int:
-            from ingest.events import lsn_to_int
-
-            with conn.cursor() as cur:
-                cur.execute("select pg_current_wal_insert_lsn()::text")
-                row = cur.fetchone()
-            assert row is not None
-            return lsn_to_int(str(row[0]))
-
         writer.ensure_tables()
-        return Snapshotter(src, writer).request([table], current_lsn)[0]
+        return Snapshotter(src, writer).request([table], reader.current_lsn)[0]
     finally:
-        conn.close()
+        reader.close()

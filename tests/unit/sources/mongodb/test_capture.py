@@ -14,6 +14,7 @@ from bson.timestamp import Timestamp
 from pymongo.errors import OperationFailure
 
 from ingest.bronze.committer import Batch
+from ingest.capture.batcher import Resume
 from ingest.config import BatchConfig, MongoSource
 from ingest.errors import SourceError
 from ingest.events import Action
@@ -64,12 +65,13 @@ class PostBatch:
 class FakeCommitter:
     def __init__(self, durable: int = 0) -> None:
         self.batches: list[Batch] = []
-        self.durable_lsn = durable
+        self.durable_lsn = self.ack_lsn = durable
 
     def submit(self, batch: Batch) -> None:
         self.batches.append(batch)
         if batch.durable_lsn is not None:
             self.durable_lsn = max(self.durable_lsn, batch.durable_lsn)
+            self.ack_lsn = max(self.ack_lsn, batch.ack_lsn or 0)
 
     def drain(self) -> None:
         pass
@@ -108,7 +110,8 @@ def run_loop(
         i = script.index("AFTER")
         script, script_after_invalidate = script[:i], script[i + 1 :]
     cap._open = reopen  # type: ignore[method-assign]
-    cap._loop(None, FakeStream(script), committer, skip_upto, once=True, should_stop=lambda: False)  # type: ignore[arg-type]
+    resume = Resume(durable, skip_upto)
+    cap._loop(None, FakeStream(script), committer, resume, once=True, should_stop=lambda: False)  # type: ignore[arg-type]
     return cap, committer
 
 

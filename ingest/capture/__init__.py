@@ -1,0 +1,1 @@
+"""The capture layer every source shares: batching on transaction boundaries, the snapshot worker."""

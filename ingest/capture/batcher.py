@@ -1,0 +1,151 @@
+"""Turns a source's decoded transactions into the committer's batches (DESIGN §3), for every source.
+
+A source feeds it events in stream order, the end of each transaction, and what it has observed
+of the stream between transactions (a Postgres keepalive, a MongoDB post-batch resume token). It
+owns the rules every source shares: skip what a restart re-delivers, cut batches on transaction
+boundaries (a transaction larger than a batch goes in pages that make nothing durable), and let
+an idle writer's position follow the stream.
+
+Two kinds of position reach the committer, and they mean different things (review finding D1):
+- a transaction's **commit position**: every event at or below it is in bronze (inclusive);
+- a **boundary** the stream has passed (keepalive `sentPtr`, post-batch token, the slot's
+  `confirmed_flush_lsn`): everything *before* it was sent. A transaction can still commit exactly
+  at a boundary, so it is recorded as durable up to `boundary - 1` and acknowledged at `boundary`
+  (Postgres resends every transaction whose commit record starts at or after the flushed LSN).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+from ingest.bronze.committer import Batch
+from ingest.config import BatchConfig
+from ingest.events import ChangeEvent, RelationShape
+
+IDLE_POSITION_INTERVAL_S = 10.0  # how often an idle stream raises its row to what it observed
+
+
+class CommitSink(Protocol):
+    """What the batcher needs of the committer: submit a batch, and how far it got."""
+
+    durable_lsn: int
+    ack_lsn: int
+
+    def submit(self, batch: Batch) -> None:
+        """Queue a batch (blocks while the committer is full; raises an earlier failure)."""
+
+    def drain(self) -> None:
+        """Wait until every submitted batch is durable (raises a failure)."""
+
+
+def boundary_position(boundary: int) -> int:
+    """The inclusive durable position a stream boundary stands for."""
+    return boundary
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """What a restarted stream writer finds in bronze: the events it must not append again.
+
+    `durable_lsn`: every event with commit position at or below it is in bronze (the writer row).
+    `last_in_bronze`: this writer's last event in bronze above that, if any (a page of a large
+    transaction, or a batch whose position row was not raised before a crash).
+    """
+
+    durable_lsn: int
+    last_in_bronze: tuple[int, int] | None = None
+
+    def already_in_bronze(self, event: ChangeEvent) -> bool:
+        """Whether a re-delivered event is durable already."""
+        return event.commit_lsn <= self.durable_lsn or (
+            self.last_in_bronze is not None and event.position <= self.last_in_bronze
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Completed:
+    durable_lsn: int
+    ack_lsn: int
+    resume_token: str | None
+
+
+class TransactionBatcher:
+    """Collects one writer's events into batches and hands them to the committer.
+
+    Responsibilities: skip re-delivered events, start a batch's clock at its first event, cut a
+    page when a transaction outgrows the batch, make a completed transaction (or an observed
+    boundary) durable with the next batch, carry new relation shapes with it, and count what it
+    skipped. It does no I/O itself; the committer writes, and the source acknowledges what the
+    committer reports durable.
+    """
+
+    def __init__(
+        self, sink: CommitSink, batch: BatchConfig, resume: Resume, first_batch_events: int | None = None
+    ) -> None:
+        """Batch for `sink` with `batch`'s limits; `first_batch_events` caps the first batch (a quick start)."""
+        self.sink = sink
+        self.resume = resume
+        self.max_seconds = batch.max_seconds
+        self._max_events = batch.max_events
+        self.max_events = min(batch.max_events, first_batch_events or batch.max_events)
+        self.pending: list[ChangeEvent] = []
+        self.shapes: list[RelationShape] = []
+        self.skipped = 0
+        self._end_lsns: dict[int, int] = {}  # commit position -> end position, for completed transactions
+        self._completed: _Completed | None = None  # durable with the next batch
+        self._started = 0.0
+        self._last_idle_raise = time.monotonic()
+
+    @property
+    def has_work(self) -> bool:
+        """Whether a submit would write anything or move the position."""
+        return bool(self.pending or self.shapes) or self._completed is not None
+
+    def add(self, event: ChangeEvent, now: float) -> None:
+        """Take the next event of the open transaction (skipped if a restart re-delivered it)."""
+        if self.resume.already_in_bronze(event):
+            self.skipped += 1
+            return
+        if not self.pending:
+            self._started = now
+        self.pending.append(event)
+        if len(self.pending) >= self.max_events:
+            self.submit(mid_transaction=True)  # a transaction larger than a batch goes to bronze in pages
+
+    def end_transaction(self, commit_lsn: int, end_lsn: int, now: float, resume_token: str | None = None) -> None:
+        """The transaction at `commit_lsn` is complete; the source may be acknowledged with `end_lsn`."""
+        self._completed = _Completed(commit_lsn, end_lsn, resume_token)
+        self._end_lsns[commit_lsn] = end_lsn
+        if len(self.pending) >= self.max_events or self.due(now):
+            self.submit()
+
+    def observe(self, boundary: int, now: float, resume_token: str | None = None, force: bool = False) -> None:
+        """The stream has passed `boundary` with no transaction open: the position may follow it.
+
+        Only between transactions. Raised at most every IDLE_POSITION_INTERVAL_S unless a batch is
+        due anyway or `force` (stopping, draining); call `submit()` to make it durable.
+        """
+        ahead = boundary > max(self._completed.ack_lsn if self._completed else 0, self.sink.ack_lsn)
+        due = force or self.has_work or now - self._last_idle_raise >= IDLE_POSITION_INTERVAL_S
+        if ahead and due:
+            self._completed = _Completed(boundary_position(boundary), boundary, resume_token)
+            self._last_idle_raise = now
+
+    def due(self, now: float) -> bool:
+        """Whether the batch's time is up (its first event waited `max_seconds`)."""
+        return bool(self.pending) and now - self._started >= self.max_seconds
+
+    def submit(self, mid_transaction: bool = False) -> None:
+        """Hand what is pending to the committer, with the last completed position."""
+        self.max_events = self._max_events
+        batch = Batch(list(self.pending), self.shapes, mid_transaction=mid_transaction, end_lsns=self._end_lsns)
+        if self._completed is not None:  # every event at or below it is in this batch or an earlier one
+            batch.durable_lsn, batch.ack_lsn = self._completed.durable_lsn, self._completed.ack_lsn
+            batch.resume_token = self._completed.resume_token
+            self._completed = None
+        self.pending.clear()
+        self.shapes = []
+        self._end_lsns = {}
+        self.sink.submit(batch)

@@ -1,0 +1,87 @@
+"""The MongoDB source as the commands drive it: checks, run, snapshot requests and status."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from ingest.bronze.writer import BronzeWriter
+from ingest.config import BatchConfig, MongoSource
+from ingest.errors import IngestError
+from ingest.progress import Progress
+from ingest.sources.mongodb.capture import MongoCapture
+from ingest.sources.mongodb.changes import unpack_cluster_time
+from ingest.sources.mongodb.snapshot import request_snapshot
+from ingest.sources.mongodb.source import cluster_time, collections, connect
+
+
+class MongoAdapter:
+    """One configured MongoDB source (a database, or some of its collections)."""
+
+    def __init__(self, src: MongoSource) -> None:
+        """Wrap the source's config; nothing is opened until a command runs."""
+        self.src = src
+        self.name = src.name
+
+    def check(self) -> None:
+        """The server is reachable and has a cluster time (a replica set or sharded cluster)."""
+        self.setup()
+
+    def setup(self) -> str:
+        """Nothing to create on the server: check it and list what will be captured."""
+        client = connect(self.src)
+        try:
+            ts = cluster_time(client)
+            names = collections(client, self.src)
+        finally:
+            client.close()
+        listed = ", ".join(names) or "none yet"
+        at = f"clusterTime {ts.time}.{ts.inc}"
+        return f"{self.name}: MongoDB {self.src.database} reachable at {at}; collections: {listed}"
+
+    def run(self, batch: BatchConfig, writer: BronzeWriter, once: bool, should_stop: Callable[[], bool]) -> list[str]:
+        """Stream (and snapshot) into bronze; the run's summary line."""
+        progress = Progress(self.name)
+        cap = MongoCapture(self.src, batch, writer, progress)
+        cap.run(once=once, should_stop=should_stop)
+        return [
+            progress.done()
+            + f", durable at {self.format_position(cap.durable_lsn)}"
+            + (f", snapshots completed: {', '.join(cap.snapshots_done)}" if cap.snapshots_done else "")
+            + (f", {cap.skipped} re-delivered events skipped" if cap.skipped else "")
+        ]
+
+    def captures(self, table: str) -> bool:
+        """Whether `database.collection` is in scope (every collection when none are listed)."""
+        db, _, coll = table.partition(".")
+        return db == self.src.database and bool(coll) and (self.src.collections is None or coll in self.src.collections)
+
+    def request_snapshot(self, writer: BronzeWriter, table: str) -> str:
+        """Register a snapshot writer for the collection at the safe bound."""
+        client = connect(self.src)
+        try:
+            progress, start = request_snapshot(self.src, client, writer, table.partition(".")[2])
+        finally:
+            client.close()
+        return (
+            f"{self.name}: snapshot of {table} requested (writer {progress.writer_id}, starting at "
+            f"{self.format_position(start)}); a running `changelake-ingest run` starts it within seconds, "
+            "otherwise the next `run` (or `run --once`) does"
+        )
+
+    def source_status(self) -> list[str]:
+        """The server's cluster time, or why it is unreachable."""
+        try:
+            client = connect(self.src)
+            try:
+                ts = cluster_time(client)
+            finally:
+                client.close()
+        except IngestError as e:
+            return [f"source unreachable: {e}"]
+        return [f"server clusterTime {ts.time}.{ts.inc}"]
+
+    def format_position(self, position: int) -> str:
+        """A packed cluster time as `clusterTime <seconds>.<increment> (<UTC time>)`."""
+        ts = unpack_cluster_time(position)
+        return f"clusterTime {ts.time}.{ts.inc} ({datetime.fromtimestamp(ts.time, UTC):%Y-%m-%d %H:%M:%S} UTC)"
