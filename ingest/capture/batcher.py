@@ -41,8 +41,8 @@ class CommitSink(Protocol):
 
 
 def boundary_position(boundary: int) -> int:
-    """The inclusive durable position a stream boundary stands for."""
-    return boundary
+    """The inclusive durable position a stream boundary stands for: everything strictly before it."""
+    return max(0, boundary - 1)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ from pymongo.errors import OperationFailure
 
 from ingest.bronze.committer import Batch, Committer
 from ingest.bronze.writer import BronzeWriter
-from ingest.capture.batcher import CommitSink, Resume, TransactionBatcher
+from ingest.capture.batcher import CommitSink, Resume, TransactionBatcher, boundary_position
 from ingest.capture.snapshots import SnapshotThread
 from ingest.config import BatchConfig, MongoSource
 from ingest.events import Action, ChangeEvent, WriterKind, WriterPosition
@@ -102,8 +102,9 @@ class MongoCapture:
         if mine is not None:
             self.durable_lsn = mine.durable_lsn
             return parse_stored_token(mine.resume_token)
-        # A new writer starts at the server's current cluster time: the stream begins there.
-        self.durable_lsn = pack_cluster_time(cluster_time(client))
+        # A new writer starts at the server's current cluster time: the stream begins there, and an
+        # event at exactly that time is still to come (a boundary, as batcher.py explains).
+        self.durable_lsn = boundary_position(pack_cluster_time(cluster_time(client)))
         self._raise_row(None)
         return None
 

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from ingest import faults
 from ingest.bronze.committer import Committer
 from ingest.bronze.writer import BronzeWriter
-from ingest.capture.batcher import Resume, TransactionBatcher
+from ingest.capture.batcher import Resume, TransactionBatcher, boundary_position
 from ingest.capture.snapshots import SnapshotThread
 from ingest.config import BatchConfig, PostgresSource
 from ingest.events import WriterKind, WriterPosition
@@ -131,8 +131,10 @@ class PostgresCapture:
         if mine is not None:
             self.durable_lsn, self.ack_lsn = mine.durable_lsn, mine.ack_lsn
             return
-        # A new writer starts where the slot starts: nothing before it will ever be sent.
-        self.durable_lsn = self.ack_lsn = admin.slot_health().confirmed_flush_lsn or 0
+        # A new writer starts where the slot starts: nothing before it will ever be sent. The slot's
+        # position is a boundary: a transaction committing exactly there is still to come.
+        self.ack_lsn = admin.slot_health().confirmed_flush_lsn or 0
+        self.durable_lsn = boundary_position(self.ack_lsn)
         self.writer.raise_position(
             WriterPosition(self.src.name, STREAM_WRITER_ID, WriterKind.STREAM, self.durable_lsn, self.ack_lsn),
             self.started_at,
@@ -261,14 +263,18 @@ class PostgresCapture:
                         if batcher.has_work:
                             batcher.submit()
                         break
-                else:
-                    if not builder.in_txn:  # a non-transactional logical message: a unit of its own
-                        out = out._replace(commit_ts_us=int(time.time() * 1_000_000))
+                elif builder.in_txn:
                     if drain_token and out.message_prefix == DRAIN_PREFIX and out.message_content == drain_token:
                         drained = True
                     batcher.add(out, now)
-                    if not builder.in_txn:
-                        batcher.end_transaction(out.commit_lsn, out.commit_lsn, now)
+                else:
+                    # A non-transactional logical message: a unit of its own. Its LSN is where its
+                    # record ends, where a transaction's commit may start: it takes the position
+                    # just before, inside its own record, which no commit can share.
+                    end = out.commit_lsn
+                    out = out._replace(commit_lsn=boundary_position(end), commit_ts_us=int(time.time() * 1_000_000))
+                    batcher.add(out, now)
+                    batcher.end_transaction(out.commit_lsn, end, now)
                 burst = (burst + 1) % BURST_MESSAGES
                 if burst:
                     continue

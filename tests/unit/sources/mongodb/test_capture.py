@@ -153,7 +153,9 @@ def test_re_delivered_events_at_or_below_bronze_are_skipped() -> None:
 def test_idle_post_batch_token_raises_the_position_past_the_last_event() -> None:
     later = {"_data": f"82{T0 + 60:08X}{1:08X}2B0429296E1404"}
     _, c = run_loop([insert(T0, 5, {"_id": 1}), PostBatch(later)])
-    assert c.batches[-1].durable_lsn == ((T0 + 60) << 32) | 1
+    # The post-batch token is a boundary: an event at exactly its time may still come (review D1).
+    assert c.batches[-1].durable_lsn == (((T0 + 60) << 32) | 1) - 1
+    assert c.batches[-1].ack_lsn == ((T0 + 60) << 32) | 1
     assert parse_stored_token(c.batches[-1].resume_token) == (RESUME_AFTER, later)
 
 

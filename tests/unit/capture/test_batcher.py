@@ -1,0 +1,217 @@
+"""The shared batching rules (ingest/capture/batcher.py), driven with scripted transactions, no server.
+
+Every source's stream goes through these rules, so delivery is proven here once: the property test
+crashes the writer at every step of a random run (events committed, position raised, acknowledged)
+and restarts it the way a server resends, and bronze must end with every event exactly once.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ingest.bronze.committer import Batch
+from ingest.capture.batcher import IDLE_POSITION_INTERVAL_S, Resume, TransactionBatcher
+from ingest.config import BatchConfig
+from ingest.events import Action, ChangeEvent
+
+
+def ev(lsn: int, index: int = 0) -> ChangeEvent:
+    return ChangeEvent(lsn, index, 1, 0, Action.INSERT, "s", "t", 1, f'{{"id":{lsn}}}', None, "{}")
+
+
+class Sink:
+    """Records batches; positions move as the committer's would once a batch is durable."""
+
+    def __init__(self, durable: int = 0, ack: int = 0) -> None:
+        self.batches: list[Batch] = []
+        self.durable_lsn, self.ack_lsn = durable, ack
+
+    def submit(self, batch: Batch) -> None:
+        self.batches.append(batch)
+        if batch.durable_lsn is not None and batch.durable_lsn > self.durable_lsn:
+            self.durable_lsn = batch.durable_lsn
+            self.ack_lsn = max(self.ack_lsn, batch.ack_lsn or 0)
+
+    def drain(self) -> None:
+        pass
+
+
+def batcher(sink: Sink, max_events: int = 100, resume: Resume | None = None, **kw: int) -> TransactionBatcher:
+    return TransactionBatcher(sink, BatchConfig(max_events=max_events, max_seconds=60), resume or Resume(0), **kw)
+
+
+def test_a_transaction_larger_than_a_batch_goes_in_pages_that_make_nothing_durable() -> None:
+    sink = Sink()
+    b = batcher(sink, max_events=2)
+    for i in range(3):
+        b.add(ev(100, i), now=0)
+    b.end_transaction(100, 108, now=0)
+    b.submit()
+    assert [[e.position for e in x.events] for x in sink.batches] == [[(100, 0), (100, 1)], [(100, 2)]]
+    assert [(x.durable_lsn, x.ack_lsn, x.mid_transaction) for x in sink.batches] == [
+        (None, None, True),
+        (100, 108, False),
+    ]
+    assert sink.batches[1].end_lsns == {100: 108}
+
+
+def test_a_batch_is_cut_at_a_transaction_end_once_full_or_old() -> None:
+    sink = Sink()
+    b = batcher(sink, max_events=100)
+    b.add(ev(100), now=0)
+    b.end_transaction(100, 108, now=1)
+    assert sink.batches == []  # neither full nor old: the next transaction joins it
+    b.add(ev(200), now=30)
+    b.end_transaction(200, 208, now=61)
+    assert [(x.durable_lsn, x.ack_lsn, len(x.events)) for x in sink.batches] == [(200, 208, 2)]
+    assert sink.batches[0].end_lsns == {100: 108, 200: 208}
+
+
+def test_the_first_batch_is_capped() -> None:
+    sink = Sink()
+    b = batcher(sink, max_events=100, first_batch_events=2)
+    for i in range(5):
+        b.add(ev(100, i), now=0)
+    assert [len(x.events) for x in sink.batches] == [2]  # then full-size batches
+    for i in range(5, 200):
+        b.add(ev(100, i), now=0)
+    assert [len(x.events) for x in sink.batches] == [2, 100]
+
+
+def test_re_delivered_events_are_skipped_by_durable_position_and_by_last_event_in_bronze() -> None:
+    sink = Sink(100, 108)
+    b = batcher(sink, resume=Resume(100, (200, 1)))
+    for e in (ev(100), ev(200, 0), ev(200, 1), ev(200, 2), ev(300)):
+        b.add(e, now=0)
+    assert [e.position for e in b.pending] == [(200, 2), (300, 0)]
+    assert b.skipped == 3
+
+
+def test_an_observed_boundary_is_exclusive() -> None:
+    """D1: a boundary the stream passed (keepalive sentPtr) is durable up to, not including, itself.
+
+    A transaction whose commit record starts exactly at the boundary is sent after a restart and
+    must not be taken for a re-delivery.
+    """
+    sink = Sink(100, 108)
+    b = batcher(sink)
+    b.observe(500, now=time.monotonic() + IDLE_POSITION_INTERVAL_S + 1)
+    b.submit()
+    assert (sink.batches[-1].durable_lsn, sink.batches[-1].ack_lsn) == (499, 500)
+    restarted = batcher(Sink(499, 500), resume=Resume(sink.durable_lsn, None))
+    restarted.add(ev(500), now=0)
+    assert [e.position for e in restarted.pending] == [(500, 0)] and restarted.skipped == 0
+
+
+def test_an_idle_raise_waits_for_its_interval_unless_forced_and_never_moves_back() -> None:
+    sink = Sink(100, 108)
+    b = batcher(sink)
+    now = time.monotonic()
+    b.observe(500, now=now)
+    assert not b.has_work  # too soon after the start
+    b.observe(108, now=now + IDLE_POSITION_INTERVAL_S + 1, force=True)
+    assert not b.has_work  # not past what is acknowledged already
+    b.observe(500, now=now + IDLE_POSITION_INTERVAL_S + 1)
+    assert b.has_work
+
+
+# -- the delivery property ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Txn:
+    commit: int
+    end: int
+    events: int
+    boundary_after: int | None  # a keepalive's sentPtr seen after this transaction, if any
+
+
+@st.composite
+def runs(draw: st.DrawFn) -> list[Txn]:
+    txns, lsn = [], 800
+    for _ in range(draw(st.integers(1, 12))):
+        end = lsn + 8
+        # The next commit record starts at or after this transaction's end; a keepalive may
+        # report any boundary up to it, that commit's own start included.
+        nxt = end + draw(st.integers(0, 4)) * 8
+        boundary = draw(st.one_of(st.none(), st.sampled_from([end, nxt]), st.integers(end, nxt)))
+        txns.append(Txn(lsn, end, draw(st.integers(0, 7)), boundary))
+        lsn = nxt
+    return txns
+
+
+class Bronze:
+    """The committer's effects step by step: events appended, then the position row raised."""
+
+    def __init__(self, crash_at: int | None) -> None:
+        self.events: list[tuple[int, int]] = []
+        self.durable, self.ack = 0, 0
+        self.acked = 0  # what the server was told (the slot's confirmed position)
+        self.steps = 0
+        self.crash_at = crash_at
+
+    def step(self) -> None:
+        self.steps += 1
+        if self.crash_at is not None and self.steps > self.crash_at:
+            raise Crash
+
+
+class Crash(Exception):
+    pass
+
+
+class CrashingSink(Sink):
+    def __init__(self, bronze: Bronze) -> None:
+        super().__init__(bronze.durable, bronze.ack)
+        self.bronze = bronze
+
+    def submit(self, batch: Batch) -> None:
+        br = self.bronze
+        if batch.events:
+            br.step()
+            br.events += [e.position for e in batch.events]
+        if batch.durable_lsn is not None and batch.durable_lsn > br.durable:
+            br.step()
+            br.durable, br.ack = batch.durable_lsn, max(br.ack, batch.ack_lsn or 0)
+            self.durable_lsn, self.ack_lsn = br.durable, br.ack
+            br.step()
+            br.acked = br.ack
+
+
+def replay(txns: list[Txn], bronze: Bronze, max_events: int) -> None:
+    """One run: the server sends every transaction whose commit starts at or after the slot's position."""
+    last = max((p for p in bronze.events if p[0] > bronze.durable), default=None)
+    sink = CrashingSink(bronze)
+    b = TransactionBatcher(sink, BatchConfig(max_events=max_events, max_seconds=60), Resume(bronze.durable, last))
+    for t in txns:
+        if t.commit < bronze.acked:
+            continue
+        for i in range(t.events):
+            b.add(ev(t.commit, i), now=0)
+        b.end_transaction(t.commit, t.end, now=0)
+        if t.boundary_after is not None:
+            b.submit()
+            b.observe(t.boundary_after, now=0, force=True)
+            if b.has_work:
+                b.submit()
+    if b.has_work:
+        b.submit()
+
+
+@settings(max_examples=300, deadline=None)
+@given(runs(), st.integers(1, 5), st.data())
+def test_a_crash_at_any_step_and_a_restart_lose_and_duplicate_nothing(
+    txns: list[Txn], max_events: int, data: st.DataObject
+) -> None:
+    expected = [(t.commit, i) for t in txns for i in range(t.events)]
+    bronze = Bronze(crash_at=data.draw(st.integers(0, 3 * len(expected) + 3 * len(txns) + 2)))
+    try:
+        replay(txns, bronze, max_events)
+    except Crash:
+        bronze.crash_at = None
+        replay(txns, bronze, max_events)
+    assert bronze.events == expected
