@@ -136,7 +136,7 @@ fn push_value(out: &mut String, kind: u8, value: &[u8]) -> Result<(), Refusal> {
     Ok(())
 }
 
-/// One relation's columns, as the Python ChangeBuilder's `_Rel` holds them.
+/// One relation's columns, as the Python ChangeBuilder's `_Rel` holds them for `encode_record`.
 #[pyclass(frozen)]
 struct RowEncoder {
     kinds: Vec<u8>,
@@ -146,7 +146,7 @@ struct RowEncoder {
 }
 
 impl RowEncoder {
-    /// `_record`: the row as a JSON object, unchanged-TOAST columns left out and listed. A tuple
+    /// `values.encode_record`: the row as a JSON object, unchanged-TOAST columns left out and listed. A tuple
     /// whose width is not the relation's is refused (Python raises: a Relation message was missed).
     fn record(&self, values: &[Value<'_>]) -> Result<(String, Option<Vec<String>>), Refusal> {
         if values.len() != self.kinds.len() {
@@ -176,7 +176,7 @@ impl RowEncoder {
         Ok((out, toast))
     }
 
-    /// `_pk`: the key columns as a JSON object, a NULL one as null. An unchanged-TOAST key column is
+    /// `values.encode_key`: the key columns as a JSON object, a NULL one as null. An unchanged-TOAST key column is
     /// refused (Python raises: the key cannot be known).
     fn pk(&self, values: &[Value<'_>]) -> Result<String, Refusal> {
         let mut out = String::with_capacity(32);

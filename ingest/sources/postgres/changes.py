@@ -1,12 +1,12 @@
 """Turns decoded pgoutput messages into ChangeEvents: transaction framing, commit_index, JSON rows.
 
 Pure: no I/O. What it needs from the database (primary keys, type names) it asks a `Catalog`
-the adapter implements; the value mapping lives in `values.py`.
+the adapter implements; the value mapping and the row encoder (`encode_record`, `encode_key`)
+live in `values.py`.
 """
 
 from __future__ import annotations
 
-import json
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,7 +16,6 @@ from ingest.errors import SourceError
 from ingest.events import Action, ChangeEvent, ColumnShape, RelationShape
 from ingest.sources.postgres import native
 from ingest.sources.postgres.pgoutput import (
-    UNCHANGED_TOAST,
     Begin,
     Commit,
     Delete,
@@ -26,13 +25,12 @@ from ingest.sources.postgres.pgoutput import (
     PgOutputMessage,
     Relation,
     Truncate,
-    TupleData,
     TypeInfo,
     Update,
     decode,
     pg_to_unix_us,
 )
-from ingest.sources.postgres.values import ValueMappingError
+from ingest.sources.postgres.values import encode_key, encode_record, json_keys
 
 _U32: Final = struct.Struct("!I")
 # Message type bytes the compiled decoder takes (pgoutput Insert, Update, Delete), and its actions.
@@ -69,16 +67,13 @@ class TxnEnd:
 class _Rel:
     schema: str
     name: str
+    table: str  # schema.name, for errors
     names: tuple[str, ...]
     keys_json: tuple[str, ...]  # '"col":' prefixes
     encoders: tuple[Callable[[bytes], str], ...]
     pk_idx: tuple[int, ...]
     shape: RelationShape
     native: Any = None  # the compiled decoder of this relation's rows (native.py), if it has one
-
-
-def _json_key(name: str) -> str:
-    return json.dumps(name, ensure_ascii=False) + ":"
 
 
 class ChangeBuilder:
@@ -132,11 +127,12 @@ class ChangeBuilder:
         old = self._rels.get(msg.relation_id)
         if old is None or old.shape.shape_hash != shape.shape_hash:
             self.new_shapes.append(shape)
-        keys_json = tuple(_json_key(n) for n in names)
+        keys_json = json_keys(names)
         encoders = tuple(self.catalog.encoder(c.type_oid) for c in msg.columns)
         self._rels[msg.relation_id] = _Rel(
             msg.namespace,
             msg.name,
+            f"{msg.namespace}.{msg.name}",
             names,
             keys_json,
             encoders,
@@ -150,48 +146,6 @@ class ChangeBuilder:
         if rel is None:
             raise SourceError(f"pgoutput sent a change for relation {relation_id} before its Relation message")
         return rel
-
-    # -- encoding --------------------------------------------------------------------------
-    @staticmethod
-    def _record(rel: _Rel, tup: TupleData) -> tuple[str, tuple[str, ...] | None]:
-        if len(tup) != len(rel.names):
-            raise ValueMappingError(
-                f"table {rel.schema}.{rel.name}: a change has {len(tup)} columns but the relation has "
-                f"{len(rel.names)}; a Relation message was missed or applied to the wrong table"
-            )
-        parts: list[str] = []
-        toast: list[str] | None = None
-        i = 0
-        try:
-            for i, v in enumerate(tup):
-                if v is None:
-                    parts.append(rel.keys_json[i] + "null")
-                elif v is UNCHANGED_TOAST:
-                    if toast is None:
-                        toast = []
-                    toast.append(rel.names[i])
-                else:
-                    parts.append(rel.keys_json[i] + rel.encoders[i](v))
-        except (ValueMappingError, UnicodeDecodeError) as exc:
-            raise ValueMappingError(f"table {rel.schema}.{rel.name}, column {rel.keys_json[i][:-1]}: {exc}") from exc
-        return "{" + ",".join(parts) + "}", (tuple(toast) if toast else None)
-
-    @staticmethod
-    def _pk(rel: _Rel, tup: TupleData) -> str:
-        parts = []
-        for i in rel.pk_idx:
-            v = tup[i]
-            if v is None:
-                parts.append(rel.keys_json[i] + "null")
-            elif v is UNCHANGED_TOAST:
-                raise ValueMappingError(
-                    f"table {rel.schema}.{rel.name}: key column {rel.keys_json[i][:-1]} is an unchanged TOAST "
-                    "value (not sent), so the row's key cannot be encoded; give the table a primary key "
-                    "(without one, REPLICA IDENTITY FULL makes every column part of the key)"
-                )
-            else:
-                parts.append(rel.keys_json[i] + rel.encoders[i](v))
-        return "{" + ",".join(parts) + "}"
 
     # -- events ----------------------------------------------------------------------------
     def _event(self, action: Action, **kw: object) -> ChangeEvent:
@@ -238,24 +192,24 @@ class ChangeBuilder:
         match msg:
             case Insert():
                 rel = self._rel(msg.relation_id)
-                record, toast = self._record(rel, msg.new)
+                record, toast = encode_record(rel.table, rel.keys_json, rel.encoders, rel.names, msg.new)
                 return self._event(
                     Action.INSERT,
                     table_schema=rel.schema,
                     table_name=rel.name,
                     relation_id=msg.relation_id,
-                    record_pk=self._pk(rel, msg.new),
+                    record_pk=encode_key(rel.table, rel.keys_json, rel.encoders, rel.pk_idx, msg.new),
                     record=record,
                     unchanged_toast=toast,
                 )
             case Update():
                 rel = self._rel(msg.relation_id)
-                record, toast = self._record(rel, msg.new)
-                pk = self._pk(rel, msg.new)
+                record, toast = encode_record(rel.table, rel.keys_json, rel.encoders, rel.names, msg.new)
+                pk = encode_key(rel.table, rel.keys_json, rel.encoders, rel.pk_idx, msg.new)
                 old_record = old_pk = None
                 if msg.old is not None:
-                    old_record, _ = self._record(rel, msg.old)
-                    old_pk = self._pk(rel, msg.old)
+                    old_record, _ = encode_record(rel.table, rel.keys_json, rel.encoders, rel.names, msg.old)
+                    old_pk = encode_key(rel.table, rel.keys_json, rel.encoders, rel.pk_idx, msg.old)
                     if old_pk == pk:
                         old_pk = None
                 return self._event(
@@ -271,13 +225,13 @@ class ChangeBuilder:
                 )
             case Delete():
                 rel = self._rel(msg.relation_id)
-                old_record, _ = self._record(rel, msg.old)
+                old_record, _ = encode_record(rel.table, rel.keys_json, rel.encoders, rel.names, msg.old)
                 return self._event(
                     Action.DELETE,
                     table_schema=rel.schema,
                     table_name=rel.name,
                     relation_id=msg.relation_id,
-                    record_pk=self._pk(rel, msg.old),
+                    record_pk=encode_key(rel.table, rel.keys_json, rel.encoders, rel.pk_idx, msg.old),
                     old_record=old_record,
                 )
             case Begin():

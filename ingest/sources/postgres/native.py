@@ -1,12 +1,13 @@
 """The compiled row decoder (native/, Rust): Insert/Update/Delete -> JSON texts, for scalar relations.
 
-`changelake_pgoutput.RowEncoder` does for one relation what `pgoutput.decode` + ChangeBuilder's
-`_record`/`_pk` + the value encoders do, byte for byte (tests/unit/sources/postgres/test_native.py
+`changelake_pgoutput.RowEncoder` does for one relation what `pgoutput.decode` + `values.encode_record`
+/ `encode_key` + the value encoders do, byte for byte (tests/unit/sources/postgres/test_native.py
 compares them on random rows): the decoder's per-change Python work was the measured bottleneck of
 `run --once` (BENCHMARKS.md). It covers the JSON kinds that map a value by itself (int, float,
 bool, and every kind written as a JSON string); a relation with an array column keeps the Python
-path. A message it does not handle the same way (malformed, a value that does not map) is refused
-with ValueError and decoded by Python, which raises the error a user sees.
+path. A message it does not handle the same way (malformed, a value that does not map, a row whose
+width is not the relation's, an unchanged-TOAST key column) is refused with ValueError and decoded
+by Python, which raises the error a user sees.
 
 `make setup` builds and installs it (`pip install ./native`); without it ingest runs the pure
 Python path (same output, about half the speed) and says so once in the log.

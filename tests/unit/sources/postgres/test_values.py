@@ -16,6 +16,7 @@ from ingest.sources.postgres.values import (
     ValueMappingError,
     encode_key,
     encode_record,
+    json_keys,
     json_names,
     parse_array_literal,
 )
@@ -40,6 +41,15 @@ def strict_loads(text: str) -> Any:
 def encoders_for(rel: Relation, catalog: TypeCatalog = CATALOG) -> list[Any]:
     """One encoder per column of `rel`."""
     return [catalog.column_encoder(c.type_oid) for c in rel.columns]
+
+
+def columns_of(rel: Relation) -> tuple[tuple[str, ...], list[Any], list[str]]:
+    """What ChangeBuilder passes encode_record for `rel`: its key prefixes, encoders and names."""
+    names = [c.name for c in rel.columns]
+    return json_keys(names), encoders_for(rel), names
+
+
+TABLE = "s.t"
 
 
 EXPECTED_KINDS_ROW = {
@@ -71,59 +81,65 @@ def test_recorded_insert_maps_every_type() -> None:
     msgs = messages("insert_kinds")
     [rel] = [m for m in msgs if isinstance(m, Relation)]
     first, second = (m for m in msgs if isinstance(m, Insert))
-    names = json_names(c.name for c in rel.columns)
-    encoders = encoders_for(rel)
-    record, unchanged = encode_record(names, encoders, first.new)
-    assert unchanged == []
+    keys, encoders, names = columns_of(rel)
+    record, unchanged = encode_record(TABLE, keys, encoders, names, first.new)
+    assert unchanged is None
     assert strict_loads(record) == EXPECTED_KINDS_ROW
     assert list(strict_loads(record)) == [c.name for c in rel.columns]  # column order kept
     assert record.startswith('{"id":1,"i2":-32768,')  # compact
     assert '"t":"héllo \\"q\\" \\\\ \\n tab\\t"' in record  # non-ASCII kept, escapes standard
     assert {c.name: CATALOG.json_kind(c.type_oid) for c in rel.columns} == EXPECTED_KINDS
-    nulls, _ = encode_record(names, encoders, second.new)
+    nulls, _ = encode_record(TABLE, keys, encoders, names, second.new)
     assert strict_loads(nulls) == {"id": 2} | {c.name: None for c in rel.columns[1:]}
-    assert encode_key(names, encoders, [0], first.new) == '{"id":1}'
+    assert encode_key(TABLE, keys, encoders, [0], first.new) == '{"id":1}'
 
 
 def test_unchanged_toast_columns_are_absent_and_listed() -> None:
     msgs = messages("update_toast_unchanged")
     [rel] = [m for m in msgs if isinstance(m, Relation)]
     [update] = [m for m in msgs if isinstance(m, Update)]
-    names = json_names(c.name for c in rel.columns)
-    record, unchanged = encode_record(names, encoders_for(rel), update.new)
-    assert (record, unchanged) == ('{"id":1,"title":"renamed"}', ["body"])
+    record, unchanged = encode_record(TABLE, *columns_of(rel), update.new)
+    assert (record, unchanged) == ('{"id":1,"title":"renamed"}', ("body",))
 
 
 def test_key_of_old_key_tuple_and_composite_key_order() -> None:
     msgs = messages("update_key")
     [rel] = [m for m in msgs if isinstance(m, Relation)]
     [update] = [m for m in msgs if isinstance(m, Update)]
-    names, encoders = json_names(c.name for c in rel.columns), encoders_for(rel)
+    keys, encoders, names = columns_of(rel)
     assert update.old is not None
-    assert encode_key(names, encoders, [0], update.old) == '{"id":1}'
-    assert encode_key(names, encoders, [0], update.new) == '{"id":10}'
-    assert encode_record(names, encoders, update.old)[0] == '{"id":1,"name":null}'
-    assert encode_key(names, encoders, [1, 0], update.new) == '{"name":"one","id":10}'
+    assert encode_key(TABLE, keys, encoders, [0], update.old) == '{"id":1}'
+    assert encode_key(TABLE, keys, encoders, [0], update.new) == '{"id":10}'
+    assert encode_record(TABLE, keys, encoders, names, update.old)[0] == '{"id":1,"name":null}'
+    assert encode_key(TABLE, keys, encoders, [1, 0], update.new) == '{"name":"one","id":10}'
 
 
-def test_key_column_null_or_unchanged_raises() -> None:
-    names, encoders = json_names(["id"]), [BUILTIN.column_encoder(INT4)]
-    with pytest.raises(ValueMappingError, match='key column "id" is NULL'):
-        encode_key(names, encoders, [0], (None,))
-    with pytest.raises(ValueMappingError, match="unchanged TOAST"):
-        encode_key(names, encoders, [0], (UNCHANGED_TOAST,))
+def test_key_column_null_is_null_and_unchanged_toast_raises() -> None:
+    """The NULL-key rule (issue 16): NULL is JSON null; an unchanged-TOAST key cannot be known."""
+    keys, encoders = json_keys(["id"]), [BUILTIN.column_encoder(INT4)]
+    assert encode_key(TABLE, keys, encoders, [0], (None,)) == '{"id":null}'
+    with pytest.raises(ValueMappingError, match=r'table s\.t: key column "id" is an unchanged TOAST value'):
+        encode_key(TABLE, keys, encoders, [0], (UNCHANGED_TOAST,))
 
 
 def test_record_width_mismatch_and_bad_value_name_the_problem() -> None:
-    names, encoders = json_names(["id", "ok"]), [BUILTIN.column_encoder(INT4)] * 2
-    with pytest.raises(ValueMappingError, match="tuple has 1 columns but the relation has 2"):
-        encode_record(names, encoders, (b"1",))
+    keys, names, encoders = json_keys(["id", "ok"]), ["id", "ok"], [BUILTIN.column_encoder(INT4)] * 2
+    for encode in (
+        lambda values: encode_record(TABLE, keys, encoders, names, values),
+        lambda values: encode_key(TABLE, keys, encoders, [0], values),
+    ):
+        with pytest.raises(ValueMappingError, match="a row has 1 columns but the relation has 2"):
+            encode((b"1",))
+        with pytest.raises(ValueMappingError, match=r"table s\.t: a row has 3 .* Relation message was missed"):
+            encode((b"1", b"2", b"3"))
     bools = [BUILTIN.column_encoder(INT4), BUILTIN.column_encoder(BOOL)]
     with pytest.raises(ValueMappingError, match="column \"ok\": boolean value 'x'"):
-        encode_record(names, bools, (b"1", b"x"))
+        encode_record(TABLE, keys, bools, names, (b"1", b"x"))
     texts = [BUILTIN.column_encoder(TEXT)] * 2
     with pytest.raises(ValueMappingError, match='column "ok"'):
-        encode_record(names, texts, (b"1", b"\xff"))
+        encode_record(TABLE, keys, texts, names, (b"1", b"\xff"))
+    with pytest.raises(ValueMappingError, match=r'table s\.t, key column "ok"'):
+        encode_key(TABLE, keys, texts, [1], (b"1", b"\xff"))
 
 
 @pytest.mark.parametrize(
@@ -267,6 +283,7 @@ def test_string_escaping_matches_json_dumps(text: str) -> None:
 
 def test_json_names_escape() -> None:
     assert json_names(["id", 'we"ird']) == ('"id"', '"we\\"ird"')
+    assert json_keys(["id", 'we"ird']) == ('"id":', '"we\\"ird":')
 
 
 def test_decoded_then_encoded_end_to_end() -> None:
@@ -280,8 +297,4 @@ def test_decoded_then_encoded_end_to_end() -> None:
         elif isinstance(msg, Insert):
             insert = msg
     assert rel is not None and insert is not None
-    names = json_names(c.name for c in rel.columns)
-    assert encode_record(names, encoders_for(rel), insert.new) == (
-        '{"id":30,"name":"from origin"}',
-        [],
-    )
+    assert encode_record(TABLE, *columns_of(rel), insert.new) == ('{"id":30,"name":"from origin"}', None)
