@@ -148,6 +148,36 @@ class ChangeBuilder:
         return rel
 
     # -- events ----------------------------------------------------------------------------
+    def _row_event(
+        self,
+        action: Action,
+        rel: _Rel,
+        relation_id: int,
+        record_pk: str,
+        old_record_pk: str | None,
+        record: str | None,
+        old_record: str | None,
+        unchanged_toast: tuple[str, ...] | None,
+    ) -> ChangeEvent:
+        """The next event of the transaction for an Insert/Update/Delete (built positionally: hot path)."""
+        ev = ChangeEvent(
+            self._commit_lsn,
+            self._index,
+            self._xid,
+            self._ts,
+            action,
+            rel.schema,
+            rel.name,
+            relation_id,
+            record_pk,
+            old_record_pk,
+            record,
+            old_record,
+            unchanged_toast,
+        )
+        self._index += 1
+        return ev
+
     def _event(self, action: Action, **kw: object) -> ChangeEvent:
         ev = ChangeEvent(self._commit_lsn, self._index, self._xid, self._ts, action, **kw)  # type: ignore[arg-type]
         self._index += 1
@@ -193,15 +223,8 @@ class ChangeBuilder:
             case Insert():
                 rel = self._rel(msg.relation_id)
                 record, toast = encode_record(rel.table, rel.keys_json, rel.encoders, rel.names, msg.new)
-                return self._event(
-                    Action.INSERT,
-                    table_schema=rel.schema,
-                    table_name=rel.name,
-                    relation_id=msg.relation_id,
-                    record_pk=encode_key(rel.table, rel.keys_json, rel.encoders, rel.pk_idx, msg.new),
-                    record=record,
-                    unchanged_toast=toast,
-                )
+                pk = encode_key(rel.table, rel.keys_json, rel.encoders, rel.pk_idx, msg.new)
+                return self._row_event(Action.INSERT, rel, msg.relation_id, pk, None, record, None, toast)
             case Update():
                 rel = self._rel(msg.relation_id)
                 record, toast = encode_record(rel.table, rel.keys_json, rel.encoders, rel.names, msg.new)
@@ -212,28 +235,12 @@ class ChangeBuilder:
                     old_pk = encode_key(rel.table, rel.keys_json, rel.encoders, rel.pk_idx, msg.old)
                     if old_pk == pk:
                         old_pk = None
-                return self._event(
-                    Action.UPDATE,
-                    table_schema=rel.schema,
-                    table_name=rel.name,
-                    relation_id=msg.relation_id,
-                    record_pk=pk,
-                    old_record_pk=old_pk,
-                    record=record,
-                    old_record=old_record,
-                    unchanged_toast=toast,
-                )
+                return self._row_event(Action.UPDATE, rel, msg.relation_id, pk, old_pk, record, old_record, toast)
             case Delete():
                 rel = self._rel(msg.relation_id)
                 old_record, _ = encode_record(rel.table, rel.keys_json, rel.encoders, rel.names, msg.old)
-                return self._event(
-                    Action.DELETE,
-                    table_schema=rel.schema,
-                    table_name=rel.name,
-                    relation_id=msg.relation_id,
-                    record_pk=encode_key(rel.table, rel.keys_json, rel.encoders, rel.pk_idx, msg.old),
-                    old_record=old_record,
-                )
+                pk = encode_key(rel.table, rel.keys_json, rel.encoders, rel.pk_idx, msg.old)
+                return self._row_event(Action.DELETE, rel, msg.relation_id, pk, None, None, old_record, None)
             case Begin():
                 if self.in_txn:
                     raise SourceError("pgoutput sent Begin inside an open transaction")
