@@ -12,6 +12,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -24,6 +25,7 @@ from ingest.progress import Progress
 log = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 1  # batches queued behind the one being committed (bounds memory to ~3 batches)
+WAIT_TICK_S = 0.5  # how often a blocked submit checks for a failure and calls `while_waiting`
 
 
 @dataclass(slots=True)
@@ -73,6 +75,7 @@ class Committer:
         self.durable_lsn = durable_lsn
         self.ack_lsn = ack_lsn
         self.progress = progress
+        self.while_waiting: Callable[[], None] | None = None
         self._queue: queue.Queue[Batch | object] = queue.Queue(maxsize=MAX_IN_FLIGHT)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._work, name=f"committer-{source}", daemon=True)
@@ -85,14 +88,21 @@ class Committer:
             raise BronzeWriteError(f"bronze commit failed: {self._error}") from self._error
 
     def submit(self, batch: Batch) -> None:
-        """Queue `batch` (blocks while MAX_IN_FLIGHT batches wait); raises an earlier failure."""
+        """Queue `batch` (blocks while MAX_IN_FLIGHT batches wait); raises an earlier failure.
+
+        While it blocks, `while_waiting` (if set) is called every WAIT_TICK_S: a source keeps its
+        connection alive there (Postgres sends standby status, so a slow commit never trips the
+        server's `wal_sender_timeout`: review C7).
+        """
         self._check()
         while True:
             try:
-                self._queue.put(batch, timeout=0.5)
+                self._queue.put(batch, timeout=WAIT_TICK_S)
                 return
             except queue.Full:
                 self._check()
+                if self.while_waiting is not None:
+                    self.while_waiting()
 
     @property
     def idle(self) -> bool:

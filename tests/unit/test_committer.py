@@ -119,6 +119,23 @@ def test_a_position_is_raised_before_a_mid_transaction_page() -> None:
     assert ("position", 10) in w.calls and (c.durable_lsn, c.ack_lsn) == (10, 11)
 
 
+def test_a_blocked_submit_keeps_calling_while_waiting() -> None:
+    """C7: while a slow commit holds the queue, the source is given the chance to keep its connection alive."""
+    w = RecordingWriter()
+    c = make(w)
+    calls: list[float] = []
+    c.while_waiting = lambda: calls.append(0.0)
+    w.gate.clear()  # the first append hangs: the second batch waits in the queue, the third submit blocks
+    c.submit(Batch([event(10)], durable_lsn=10, ack_lsn=11))
+    c.submit(Batch([event(20)], durable_lsn=20, ack_lsn=21))
+    threading.Timer(1.6, w.gate.set).start()
+    c.submit(Batch([event(30)], durable_lsn=30, ack_lsn=31))
+    c.drain()
+    c.close()
+    assert len(calls) >= 2  # every WAIT_TICK_S (0.5 s) of the ~1.6 s wait
+    assert [lsn for kind, lsn in w.calls if kind == "position"] == [10, 20, 30]
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_random_submissions_keep_the_order(seed: int) -> None:
     rnd = random.Random(seed)

@@ -161,8 +161,10 @@ class ReplicationStream:
         msg = STANDBY_STATUS.pack(MSG_STANDBY_STATUS, flush_lsn, flush_lsn, flush_lsn, now_us, int(reply))
         if conn.put_copy_data(msg) != 1:
             raise SourceError(f"sending status to the server failed: {conn.get_error_message().strip()}")
-        while conn.flush() == 1:
+        while (pending := conn.flush()) == 1:
             select.select([], [conn.socket], [], 1.0)
+        if pending == -1:  # the connection is gone: the server never heard this acknowledgement
+            raise SourceError(f"sending status to the server failed: {conn.get_error_message().strip()}")
 
     def close(self) -> None:
         """Close the connection (the slot stays where it was last acknowledged)."""
