@@ -34,7 +34,14 @@ from ingest.positions import SnapshotProgress, SourcePositions, snapshot_writer_
 from ingest.progress import Progress
 from ingest.sources.postgres.admin import PostgresAdmin
 from ingest.sources.postgres.replication import safe_dsn, session_conninfo
-from ingest.sources.postgres.values import TYPE_CATALOG_SQL, Encoder, TypeCatalog, json_names
+from ingest.sources.postgres.values import (
+    TYPE_CATALOG_SQL,
+    Encoder,
+    TypeCatalog,
+    encode_key,
+    encode_record,
+    json_keys,
+)
 
 log = logging.getLogger(__name__)
 
@@ -249,16 +256,16 @@ class PageReader:
         read_at_us = int(time.time() * 1_000_000)
         res = self._exec(text.encode(), params)
         self._exec(b"COMMIT")
-        names_json = json_names(shape.columns)
+        table = f"{shape.schema}.{shape.name}"
+        keys_json = json_keys(shape.columns)
+        width = range(len(shape.columns))
         rows = []
         for r in range(res.ntuples):
-            parts = []
-            for c, key in enumerate(names_json):
-                v = res.get_value(r, c)
-                parts.append(key + ":" + ("null" if v is None else encoders[c](bytes(v))))
-            pk = ",".join(parts[i] for i in shape.key_positions)
-            key_text = tuple(bytes(res.get_value(r, i) or b"").decode() for i in shape.key_positions)
-            rows.append(SnapshotRow("{" + pk + "}", "{" + ",".join(parts) + "}", key_text))
+            values = [None if (v := res.get_value(r, c)) is None else bytes(v) for c in width]
+            record, _ = encode_record(table, keys_json, encoders, shape.columns, values)
+            record_pk = encode_key(table, keys_json, encoders, shape.key_positions, values)
+            key_text = tuple((values[i] or b"").decode() for i in shape.key_positions)
+            rows.append(SnapshotRow(record_pk, record, key_text))
         self._hook("after_read", task, page)
         return PageRead(rows, xmin, xmax, xip, read_at_us)
 
