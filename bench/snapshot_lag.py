@@ -40,7 +40,8 @@ from ingest.bronze.writer import BronzeWriter  # noqa: E402
 from ingest.config import BatchConfig, PostgresSource, SnapshotSettings  # noqa: E402
 from ingest.events import lsn_to_int  # noqa: E402
 from ingest.progress import Progress  # noqa: E402
-from ingest.sources.postgres.capture import PostgresCapture, prepare_source  # noqa: E402
+from ingest.sources.postgres.admin import prepare_source  # noqa: E402
+from ingest.sources.postgres.capture import PostgresCapture  # noqa: E402
 from ingest.sources.postgres.snapshot import Snapshotter  # noqa: E402
 
 

@@ -112,7 +112,7 @@ def capture_once(
 
 def prepare(src: Any) -> None:
     """Create the publication and slot of `src` (what `changelake-ingest setup` does)."""
-    from ingest.sources.postgres.capture import prepare_source
+    from ingest.sources.postgres.admin import prepare_source
 
     prepare_source(src).close()
 

@@ -62,7 +62,7 @@ def test_needs_reread_keys_honour_deletion_vectors(tmp_path: Path, make_source: 
     assert any(p.name.startswith("deletion_vector_") for p in cr.iterdir()), "Spark wrote no deletion vector"
 
     snap = snapshotter(warehouse, s.config())
-    tasks = snap.request_rereads(None, lambda: 1000)  # type: ignore[arg-type]
+    tasks = snap.request_rereads(lambda: 1000)
     keys = sorted(k for t in tasks for k in (t.keys or ()))
     # 2 deleted by a DV, 3 rewritten without the flag (old row masked by a DV), 4 soft-deleted.
     assert keys == [("1",), ("5",), ("6",)]
@@ -71,7 +71,7 @@ def test_needs_reread_keys_honour_deletion_vectors(tmp_path: Path, make_source: 
     assert len(rows) == len(tasks) == 1
     assert rows[0].durable_lsn == 1000  # a new writer starts at the current position (no writer yet)
     # A key is requested once per state of its record in a process.
-    assert snap.request_rereads(None, lambda: 1000) == []  # type: ignore[arg-type]
+    assert snap.request_rereads(lambda: 1000) == []
 
 
 def test_an_unreadable_consumer_records_is_an_error_not_an_empty_answer(tmp_path: Path, make_source: Any) -> None:
@@ -82,5 +82,5 @@ def test_an_unreadable_consumer_records_is_an_error_not_an_empty_answer(tmp_path
     (log / "00000000000000000000.json").write_text('{"protocol":{"minReaderVersion":1,"minWriterVersion":2}}\n')
     snap = snapshotter(warehouse, s.config())
     with pytest.raises(BronzeWriteError, match="cannot read needs_reread keys from"):
-        snap.request_rereads(None, lambda: 1000)  # type: ignore[arg-type]
+        snap.request_rereads(lambda: 1000)
     assert [p for p, _ in snap.writer.positions(s.name)] == []  # nothing was registered

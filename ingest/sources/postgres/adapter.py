@@ -9,8 +9,8 @@ from ingest.config import BatchConfig, PostgresSource
 from ingest.errors import IngestError
 from ingest.events import int_to_lsn
 from ingest.progress import Progress
-from ingest.sources.postgres.admin import PostgresAdmin
-from ingest.sources.postgres.capture import PostgresCapture, prepare_source
+from ingest.sources.postgres.admin import PostgresAdmin, prepare_source
+from ingest.sources.postgres.capture import PostgresCapture
 from ingest.sources.postgres.snapshot import request_snapshot
 
 

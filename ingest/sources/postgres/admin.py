@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import psycopg
@@ -11,6 +12,8 @@ from ingest.config import PostgresSource
 from ingest.errors import SlotInvalidatedError, SourceError
 from ingest.events import lsn_to_int
 from ingest.sources.postgres.replication import safe_dsn, session_conninfo
+
+log = logging.getLogger(__name__)
 
 HEARTBEAT_PREFIX = "changelake.heartbeat"
 DRAIN_PREFIX = "changelake.drain"
@@ -244,3 +247,18 @@ class PostgresAdmin:
             str(wal_status) if wal_status else None,
             int(str(pid)) if pid is not None else None,
         )
+
+
+def prepare_source(src: PostgresSource) -> PostgresAdmin:
+    """Check the source and create what is missing (publication, slot); returns the admin connection."""
+    admin = PostgresAdmin(src)
+    try:
+        admin.check_server()
+        admin.check_tables()
+        admin.ensure_publication()
+        if admin.ensure_slot():
+            log.info("created slot source=%s slot=%s", src.name, src.slot_name)
+    except BaseException:
+        admin.close()
+        raise
+    return admin

@@ -22,11 +22,12 @@ from ingest.config import BatchConfig, PostgresSource
 from ingest.events import WriterKind, WriterPosition
 from ingest.positions import STREAM_WRITER_ID, SourcePositions
 from ingest.progress import Progress
-from ingest.sources.postgres.admin import DRAIN_PREFIX, HEARTBEAT_PREFIX, PostgresAdmin
+from ingest.sources.postgres.admin import DRAIN_PREFIX, HEARTBEAT_PREFIX, PostgresAdmin, prepare_source
+from ingest.sources.postgres.catalog import PgCatalog
 from ingest.sources.postgres.changes import ChangeBuilder, TxnEnd
+from ingest.sources.postgres.pages import Hook
 from ingest.sources.postgres.replication import Keepalive, ReplicationStream, XLogData
-from ingest.sources.postgres.snapshot import Hook, Snapshotter
-from ingest.sources.postgres.values import TYPE_CATALOG_SQL, Encoder, TypeCatalog
+from ingest.sources.postgres.snapshot import Snapshotter
 
 log = logging.getLogger(__name__)
 
@@ -41,55 +42,6 @@ BURST_MESSAGES = 256
 # The first batch of a run is small, so that the commit thread starts writing while the next
 # (full) batch decodes instead of after it.
 WARMUP_BATCH_EVENTS = 10_000
-
-
-def prepare_source(src: PostgresSource) -> PostgresAdmin:
-    """Check the source and create what is missing (publication, slot); returns the admin connection."""
-    admin = PostgresAdmin(src)
-    try:
-        admin.check_server()
-        admin.check_tables()
-        admin.ensure_publication()
-        if admin.ensure_slot():
-            log.info("created slot source=%s slot=%s", src.name, src.slot_name)
-    except BaseException:
-        admin.close()
-        raise
-    return admin
-
-
-class PgCatalog:
-    """The ChangeBuilder's view of the source catalog: keys, type names and value encoders."""
-
-    def __init__(self, admin: PostgresAdmin) -> None:
-        """Load pg_type once; reloaded when a type created later shows up."""
-        self.admin = admin
-        self.types = TypeCatalog.from_rows(admin.type_catalog_rows(TYPE_CATALOG_SQL))
-        self._names: dict[int, str] = {}
-
-    def primary_key(self, relation_id: int) -> list[str]:
-        """Primary-key columns of the relation, in key order."""
-        return self.admin.primary_key(relation_id)
-
-    def _known(self, type_oid: int) -> None:
-        if type_oid not in self._names:
-            self.types = TypeCatalog.from_rows(self.admin.type_catalog_rows(TYPE_CATALOG_SQL))
-            self._names.update(self.admin.type_names([type_oid]))
-
-    def encoder(self, type_oid: int) -> Encoder:
-        """Encoder of the type's text output to JSON."""
-        self._known(type_oid)
-        return self.types.column_encoder(type_oid)
-
-    def json_kind(self, type_oid: int) -> str:
-        """The JSON mapping name of the type."""
-        self._known(type_oid)
-        return self.types.json_kind(type_oid)
-
-    def type_name(self, type_oid: int) -> str:
-        """format_type() of the type."""
-        self._known(type_oid)
-        return self._names.get(type_oid, str(type_oid))
 
 
 class PostgresCapture:

@@ -15,7 +15,6 @@ durable page; the page rows in bronze, not the writer row, say where that is.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
@@ -23,36 +22,28 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from psycopg import pq, sql
-
 from ingest import faults
 from ingest.bronze.writer import BronzeWriter
 from ingest.config import PostgresSource
-from ingest.errors import BronzeWriteError, SourceError
-from ingest.events import SnapshotPage, SnapshotRow, WriterKind, WriterPosition, lsn_to_int
+from ingest.errors import SourceError
+from ingest.events import SnapshotPage, WriterKind, WriterPosition
 from ingest.positions import SnapshotProgress, SourcePositions, snapshot_writer_id
 from ingest.progress import Progress
 from ingest.sources.postgres.admin import PostgresAdmin
-from ingest.sources.postgres.replication import safe_dsn, session_conninfo
+from ingest.sources.postgres.catalog import estimate_rows, table_shape
+from ingest.sources.postgres.pages import Hook, PageReader
+from ingest.sources.postgres.rereads import RereadKeys
 from ingest.sources.postgres.values import (
     TYPE_CATALOG_SQL,
-    Encoder,
     TypeCatalog,
-    encode_key,
-    encode_record,
-    json_keys,
 )
 
 log = logging.getLogger(__name__)
 
-WATERMARK_PREFIX = "changelake.watermark"
 REQUEST_POLL_S = 5.0
 REREAD_POLL_S = 60.0  # how often a continuous run looks in silver for keys to re-read
 POSITION_INTERVAL_S = 2.0  # a running snapshot raises its writer row at most this often (and at its end)
 
-# A test (or an operator's debugging session) may run statements at moments of a page:
-# "before_read", "after_begin" (the page's snapshot is taken next) and "after_read".
-Hook = Callable[[str, "SnapshotTask", int], None]
 
 
 @dataclass(slots=True)
@@ -113,187 +104,6 @@ class SnapshotTask:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class TableShape:
-    """What a page read needs of a table: its columns (pgoutput's order) and primary key."""
-
-    schema: str
-    name: str
-    columns: tuple[str, ...]
-    type_oids: tuple[int, ...]
-    key_positions: tuple[int, ...]
-    key_types: tuple[str, ...]  # format_type() with modifier, for the keyset cursor's casts
-    partitioned: bool = False  # a partitioned table: read with its partitions (captured as its root)
-
-    @property
-    def scan(self) -> sql.Composable:
-        """What a page reads: the table alone, or a partitioned table with every partition.
-
-        `only` for a plain table: inheritance children publish their own changes. A partitioned
-        table's partitions publish theirs as the root's (publish_via_partition_root).
-        """
-        ident = sql.Identifier(self.schema, self.name)
-        return ident if self.partitioned else sql.SQL("only {}").format(ident)
-
-
-def table_shape(admin: PostgresAdmin, table: str) -> TableShape:
-    """Columns as pgoutput sends them (not dropped, not generated, by attnum) and the primary key."""
-    schema, name = table.split(".", 1)
-    with admin.conn.cursor() as cur:
-        cur.execute(
-            "select a.attname, a.atttypid::bigint, format_type(a.atttypid, a.atttypmod) "
-            "from pg_attribute a join pg_class c on c.oid = a.attrelid join pg_namespace n on n.oid = c.relnamespace "
-            "where n.nspname = %s and c.relname = %s and a.attnum > 0 and not a.attisdropped "
-            "and a.attgenerated = '' order by a.attnum",
-            (schema, name),
-        )
-        cols = cur.fetchall()
-        cur.execute(
-            "select c.oid::bigint, c.relkind::text from pg_class c where c.oid = %s::regclass",
-            (sql.Identifier(schema, name).as_string(admin.conn),),
-        )
-        row = cur.fetchone()
-    if not cols or row is None:
-        raise SourceError(f"source {admin.src.name!r}: table {table} does not exist")
-    pk = admin.primary_key(int(str(row[0])))
-    names = tuple(str(c[0]) for c in cols)
-    if not pk:
-        raise SourceError(
-            f"source {admin.src.name!r}: table {table} has no primary key; a snapshot pages by primary key "
-            "(add one, or leave the table out of the snapshot)"
-        )
-    pos = tuple(names.index(k) for k in pk)
-    oids = tuple(int(str(c[1])) for c in cols)
-    key_types = tuple(str(cols[i][2]) for i in pos)
-    return TableShape(schema, name, names, oids, pos, key_types, partitioned=str(row[1]) == "p")
-
-
-@dataclass(frozen=True, slots=True)
-class PageRead:
-    """The outcome of one page read, before it is written to bronze."""
-
-    rows: list[SnapshotRow]
-    xmin: int
-    xmax: int
-    xip: tuple[int, ...]
-    read_at_us: int
-
-
-class PageReader:
-    """Owns the snapshot connection of one source: reads keyset pages and commits watermarks."""
-
-    def __init__(self, src: PostgresSource, hook: Hook | None = None) -> None:
-        """Open a plain (non-replication) connection with the stream's value output settings."""
-        self.src = src
-        self.hook = hook
-        conn = pq.PGconn.connect(session_conninfo(src.dsn).encode())
-        if conn.status != pq.ConnStatus.OK:
-            msg = conn.get_error_message().strip()
-            conn.finish()
-            raise SourceError(f"source {src.name!r}: snapshot connection to {safe_dsn(src.dsn)} failed: {msg}")
-        self.conn = conn
-
-    def close(self) -> None:
-        """Close the connection."""
-        self.conn.finish()
-
-    def _exec(self, query: bytes, params: Sequence[bytes | None] = ()) -> pq.abc.PGresult:
-        res = self.conn.exec_params(query, list(params)) if params else self.conn.exec_(query)
-        if res.status not in (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK):
-            raw = res.error_message or self.conn.get_error_message()
-            msg = (raw.decode(errors="replace") if isinstance(raw, bytes) else raw).strip()
-            if self.conn.transaction_status != pq.TransactionStatus.IDLE:
-                self.conn.exec_(b"ROLLBACK")
-            raise SourceError(f"source {self.src.name!r}: snapshot query failed: {msg}")
-        return res
-
-    def _hook(self, point: str, task: SnapshotTask, page: int) -> None:
-        if self.hook is not None:
-            self.hook(point, task, page)
-
-    def read_page(
-        self, shape: TableShape, encoders: Sequence[Encoder], task: SnapshotTask, page: int, limit: int
-    ) -> PageRead:
-        """Read up to `limit` rows after `task.after` in key order, in one REPEATABLE READ transaction."""
-        cols = sql.SQL(", ").join(sql.Identifier(c) for c in shape.columns)
-        keys = sql.SQL(", ").join(sql.Identifier(shape.columns[i]) for i in shape.key_positions)
-        params: list[bytes | None] = []
-        conds: list[sql.Composable] = []
-        casts = sql.SQL(", ").join(sql.SQL("{}::{}").format(sql.Placeholder(), sql.SQL(t)) for t in shape.key_types)
-        if task.keys is not None:  # a re-read of listed keys (DESIGN §6: unchanged TOAST with no image)
-            tuples = sql.SQL(", ").join(sql.SQL("({})").format(casts) for _ in task.keys)
-            conds.append(sql.SQL("({}) in ({})").format(keys, tuples))
-            params += [k.encode() for key in task.keys for k in key]
-        if task.after is not None:
-            conds.append(sql.SQL("({}) > ({})").format(keys, casts))
-            params += [k.encode() for k in task.after]
-        if task.bounded and task.until is None:
-            conds.append(sql.SQL("false"))  # the table was empty when the snapshot started
-        if task.until is not None:
-            # Rows inserted above the starting maximum arrive by the stream: without this bound a
-            # snapshot of a table under insert load could chase its tail forever.
-            conds.append(sql.SQL("({}) <= ({})").format(keys, casts))
-            params += [k.encode() for k in task.until]
-        where: sql.Composable = sql.SQL(" where ") + sql.SQL(" and ").join(conds) if conds else sql.SQL("")
-        query = sql.SQL("select {} from {}{} order by {} limit {}").format(
-            cols, shape.scan, where, keys, sql.Literal(limit)
-        )
-        # psycopg's placeholders are %s; the libpq protocol's are $n.
-        text = query.as_string(None)
-        for n in range(1, len(params) + 1):
-            text = text.replace("%s", f"${n}", 1)
-        self._hook("before_read", task, page)
-        self._exec(b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        self._hook("after_begin", task, page)
-        # The first statement takes the transaction's snapshot: the page reads under exactly it.
-        snap = self._exec(
-            b"select pg_snapshot_xmin(s)::text, pg_snapshot_xmax(s)::text, "
-            b"array_to_string(array(select pg_snapshot_xip(s)), ',') from pg_current_snapshot() s"
-        )
-        xmin, xmax = int(snap.get_value(0, 0) or b"0"), int(snap.get_value(0, 1) or b"0")
-        xip_text = (snap.get_value(0, 2) or b"").decode()
-        xip = tuple(int(x) for x in xip_text.split(",") if x)
-        read_at_us = int(time.time() * 1_000_000)
-        res = self._exec(text.encode(), params)
-        self._exec(b"COMMIT")
-        table = f"{shape.schema}.{shape.name}"
-        keys_json = json_keys(shape.columns)
-        width = range(len(shape.columns))
-        rows = []
-        for r in range(res.ntuples):
-            values = [None if (v := res.get_value(r, c)) is None else bytes(v) for c in width]
-            record, _ = encode_record(table, keys_json, encoders, shape.columns, values)
-            record_pk = encode_key(table, keys_json, encoders, shape.key_positions, values)
-            key_text = tuple((values[i] or b"").decode() for i in shape.key_positions)
-            rows.append(SnapshotRow(record_pk, record, key_text))
-        self._hook("after_read", task, page)
-        return PageRead(rows, xmin, xmax, xip, read_at_us)
-
-    def max_key(self, shape: TableShape) -> tuple[str, ...] | None:
-        """The table's largest key now (as key text), or None if it is empty."""
-        keys = [sql.Identifier(shape.columns[i]) for i in shape.key_positions]
-        query = sql.SQL("select {} from {} order by {} limit 1").format(
-            sql.SQL(", ").join(keys),
-            shape.scan,
-            sql.SQL(", ").join(sql.SQL("{} desc").format(k) for k in keys),
-        )
-        res = self._exec(query.as_string(None).encode())
-        if res.ntuples == 0:
-            return None
-        return tuple(bytes(res.get_value(0, i) or b"").decode() for i in range(len(keys)))
-
-    def watermark(self, task: SnapshotTask, page: int) -> int:
-        """Commit the page's high watermark (a transactional logical message); returns its LSN."""
-        content = f"{task.table}:{task.snapshot_id}:{page}".encode()
-        res = self._exec(b"select pg_logical_emit_message(true, $1, $2)::text", [WATERMARK_PREFIX.encode(), content])
-        return lsn_to_int((res.get_value(0, 0) or b"").decode())
-
-    def current_lsn(self) -> int:
-        """The server's current WAL insert position (no later watermark can be at or below it)."""
-        res = self._exec(b"select pg_current_wal_insert_lsn()::text")
-        return lsn_to_int((res.get_value(0, 0) or b"").decode())
-
-
 class Snapshotter:
     """Owns the snapshots of one Postgres source.
 
@@ -322,7 +132,7 @@ class Snapshotter:
         self.tasks: list[SnapshotTask] = []
         self.completed: list[SnapshotTask] = []
         self.progress = progress
-        self._reread_seen: set[tuple[object, ...]] = set()
+        self._rereads = RereadKeys(src, writer)
 
     # -- registration ----------------------------------------------------------------------
     def load(self) -> list[SnapshotTask]:
@@ -368,38 +178,13 @@ class Snapshotter:
         running = {t.table for t in self.load()}
         return self.request([t for t in self.src.tables if t not in done and t not in running], current_lsn)
 
-    def request_rereads(self, admin: PostgresAdmin, current_lsn: Callable[[], int]) -> list[SnapshotTask]:
+    def request_rereads(self, current_lsn: Callable[[], int]) -> list[SnapshotTask]:
         """Re-read by key the records silver marks `needs_reread` (DESIGN §6: unchanged TOAST, no image).
 
-        Reads dbt's consumer_records by path (`<warehouse>/dbt/silver.db/consumer_records` unless
-        `snapshot.reread_from` says otherwise); nothing to do if dbt has not built it yet. Each key
-        is requested once per state of its record in this process.
+        Each key is requested once per state of its record in this process (rereads.py).
         """
-        path = self.src.snapshot.reread_from or f"{self.writer.warehouse}/dbt/silver.db/consumer_records"
-        if not self.writer.tables.exists(path):
-            return []
-        # delta-rs's query engine applies consumer_records' deletion vectors; its pyarrow dataset
-        # reader refuses such a table (DeltaProtocolError) rather than return deleted rows. Any
-        # other failure to read it is an error: re-reading the wrong keys is not an option.
-        try:
-            rows = self.writer.tables.query(
-                "select table_schema, table_name, record_pk, commit_lsn, commit_index from t "
-                f"where source = '{self.src.name}' and needs_reread and not deleted",
-                t=path,
-            ).to_pylist()
-        except Exception as e:
-            raise BronzeWriteError(f"cannot read needs_reread keys from {path}: {e}") from e
-        by_table: dict[str, list[tuple[str, ...]]] = {}
-        for r in rows:
-            seen = (r["table_schema"], r["table_name"], r["record_pk"], r["commit_lsn"], r["commit_index"])
-            table = f"{r['table_schema']}.{r['table_name']}"
-            if seen in self._reread_seen or table not in self.src.tables:
-                continue
-            self._reread_seen.add(seen)
-            values = json.loads(r["record_pk"]).values()
-            by_table.setdefault(table, []).append(tuple(v if isinstance(v, str) else json.dumps(v) for v in values))
         tables, keys = [], []
-        for table, ks in by_table.items():
+        for table, ks in self._rereads.keys_to_reread().items():
             for i in range(0, len(ks), self.page_rows):
                 tables.append(table)
                 keys.append(tuple(ks[i : i + self.page_rows]))
@@ -414,7 +199,7 @@ class Snapshotter:
         admin = PostgresAdmin(self.src)
         try:
             types = TypeCatalog.from_rows(admin.type_catalog_rows(TYPE_CATALOG_SQL))
-            self.request_rereads(admin, reader.current_lsn)
+            self.request_rereads(reader.current_lsn)
             last_poll = last_reread = time.monotonic()
             while not should_stop():
                 if not self.tasks:
@@ -424,7 +209,7 @@ class Snapshotter:
                         self.load()
                         last_poll = time.monotonic()
                     if time.monotonic() - last_reread >= REREAD_POLL_S:
-                        self.request_rereads(admin, reader.current_lsn)
+                        self.request_rereads(reader.current_lsn)
                         last_reread = time.monotonic()
                     else:
                         time.sleep(0.2)
@@ -457,7 +242,7 @@ class Snapshotter:
                 return True
             log.info("snapshot resumed source=%s table=%s page=%d rows=%d", self.src.name, task.table, page, task.rows)
         if task.estimated_rows is None:
-            task.estimated_rows = self._estimate(admin, task.table)
+            task.estimated_rows = estimate_rows(admin, task.table)
         if not task.bounded and task.keys is None:
             task.until, task.bounded = reader.max_key(shape), True
         t0, rows0 = time.monotonic(), task.rows
@@ -520,13 +305,6 @@ class Snapshotter:
                 return True
             page += 1
         return False
-
-    def _estimate(self, admin: PostgresAdmin, table: str) -> int | None:
-        with admin.conn.cursor() as cur:
-            cur.execute("select reltuples::bigint from pg_class where oid = %s::regclass", (table,))
-            row = cur.fetchone()
-        n = int(str(row[0])) if row is not None and row[0] is not None else -1
-        return n if n >= 0 else None
 
     def _raise_all(self, hw: int) -> None:
         """Every snapshot writer of this source is at or past `hw`: its next page's watermark is later."""

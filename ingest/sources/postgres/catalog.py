@@ -1,0 +1,110 @@
+"""What ingest asks of a Postgres catalog about one table: keys, types and encoders, shape, size."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from psycopg import sql
+
+from ingest.errors import SourceError
+from ingest.sources.postgres.admin import PostgresAdmin
+from ingest.sources.postgres.values import TYPE_CATALOG_SQL, Encoder, TypeCatalog
+
+
+class PgCatalog:
+    """The ChangeBuilder's view of the source catalog: keys, type names and value encoders."""
+
+    def __init__(self, admin: PostgresAdmin) -> None:
+        """Load pg_type once; reloaded when a type created later shows up."""
+        self.admin = admin
+        self.types = TypeCatalog.from_rows(admin.type_catalog_rows(TYPE_CATALOG_SQL))
+        self._names: dict[int, str] = {}
+
+    def primary_key(self, relation_id: int) -> list[str]:
+        """Primary-key columns of the relation, in key order."""
+        return self.admin.primary_key(relation_id)
+
+    def _known(self, type_oid: int) -> None:
+        if type_oid not in self._names:
+            self.types = TypeCatalog.from_rows(self.admin.type_catalog_rows(TYPE_CATALOG_SQL))
+            self._names.update(self.admin.type_names([type_oid]))
+
+    def encoder(self, type_oid: int) -> Encoder:
+        """Encoder of the type's text output to JSON."""
+        self._known(type_oid)
+        return self.types.column_encoder(type_oid)
+
+    def json_kind(self, type_oid: int) -> str:
+        """The JSON mapping name of the type."""
+        self._known(type_oid)
+        return self.types.json_kind(type_oid)
+
+    def type_name(self, type_oid: int) -> str:
+        """format_type() of the type."""
+        self._known(type_oid)
+        return self._names.get(type_oid, str(type_oid))
+
+
+@dataclass(frozen=True, slots=True)
+class TableShape:
+    """What a page read needs of a table: its columns (pgoutput's order) and primary key."""
+
+    schema: str
+    name: str
+    columns: tuple[str, ...]
+    type_oids: tuple[int, ...]
+    key_positions: tuple[int, ...]
+    key_types: tuple[str, ...]  # format_type() with modifier, for the keyset cursor's casts
+    partitioned: bool = False  # a partitioned table: read with its partitions (captured as its root)
+
+    @property
+    def scan(self) -> sql.Composable:
+        """What a page reads: the table alone, or a partitioned table with every partition.
+
+        `only` for a plain table: inheritance children publish their own changes. A partitioned
+        table's partitions publish theirs as the root's (publish_via_partition_root).
+        """
+        ident = sql.Identifier(self.schema, self.name)
+        return ident if self.partitioned else sql.SQL("only {}").format(ident)
+
+
+def table_shape(admin: PostgresAdmin, table: str) -> TableShape:
+    """Columns as pgoutput sends them (not dropped, not generated, by attnum) and the primary key."""
+    schema, name = table.split(".", 1)
+    with admin.conn.cursor() as cur:
+        cur.execute(
+            "select a.attname, a.atttypid::bigint, format_type(a.atttypid, a.atttypmod) "
+            "from pg_attribute a join pg_class c on c.oid = a.attrelid join pg_namespace n on n.oid = c.relnamespace "
+            "where n.nspname = %s and c.relname = %s and a.attnum > 0 and not a.attisdropped "
+            "and a.attgenerated = '' order by a.attnum",
+            (schema, name),
+        )
+        cols = cur.fetchall()
+        cur.execute(
+            "select c.oid::bigint, c.relkind::text from pg_class c where c.oid = %s::regclass",
+            (sql.Identifier(schema, name).as_string(admin.conn),),
+        )
+        row = cur.fetchone()
+    if not cols or row is None:
+        raise SourceError(f"source {admin.src.name!r}: table {table} does not exist")
+    pk = admin.primary_key(int(str(row[0])))
+    names = tuple(str(c[0]) for c in cols)
+    if not pk:
+        raise SourceError(
+            f"source {admin.src.name!r}: table {table} has no primary key; a snapshot pages by primary key "
+            "(add one, or leave the table out of the snapshot)"
+        )
+    pos = tuple(names.index(k) for k in pk)
+    oids = tuple(int(str(c[1])) for c in cols)
+    key_types = tuple(str(cols[i][2]) for i in pos)
+    return TableShape(schema, name, names, oids, pos, key_types, partitioned=str(row[1]) == "p")
+
+
+
+def estimate_rows(admin: PostgresAdmin, table: str) -> int | None:
+    """The planner's row estimate of `table` (pg_class.reltuples), None if never analyzed."""
+    with admin.conn.cursor() as cur:
+        cur.execute("select reltuples::bigint from pg_class where oid = %s::regclass", (table,))
+        row = cur.fetchone()
+    n = int(str(row[0])) if row is not None and row[0] is not None else -1
+    return n if n >= 0 else None

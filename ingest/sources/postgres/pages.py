@@ -1,0 +1,158 @@
+"""Reads one keyset page of a Postgres table under a stored MVCC snapshot, and commits its watermark.
+
+The snapshot connection is plain libpq with the stream's value output settings (so a page's
+text values are the stream's, byte for byte) and its own transactions: each page is one
+REPEATABLE READ transaction, the watermark one logical message committed after it (DESIGN §5).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from psycopg import pq, sql
+
+from ingest.config import PostgresSource
+from ingest.errors import SourceError
+from ingest.events import SnapshotRow, lsn_to_int
+from ingest.sources.postgres.catalog import TableShape
+from ingest.sources.postgres.replication import safe_dsn, session_conninfo
+from ingest.sources.postgres.values import Encoder, encode_key, encode_record, json_keys
+
+if TYPE_CHECKING:
+    from ingest.sources.postgres.snapshot import SnapshotTask
+
+WATERMARK_PREFIX = "changelake.watermark"
+# A test (or an operator's debugging session) may run statements at moments of a page:
+# "before_read", "after_begin" (the page's snapshot is taken next) and "after_read".
+Hook = Callable[[str, "SnapshotTask", int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class PageRead:
+    """The outcome of one page read, before it is written to bronze."""
+
+    rows: list[SnapshotRow]
+    xmin: int
+    xmax: int
+    xip: tuple[int, ...]
+    read_at_us: int
+
+
+class PageReader:
+    """Owns the snapshot connection of one source: reads keyset pages and commits watermarks."""
+
+    def __init__(self, src: PostgresSource, hook: Hook | None = None) -> None:
+        """Open a plain (non-replication) connection with the stream's value output settings."""
+        self.src = src
+        self.hook = hook
+        conn = pq.PGconn.connect(session_conninfo(src.dsn).encode())
+        if conn.status != pq.ConnStatus.OK:
+            msg = conn.get_error_message().strip()
+            conn.finish()
+            raise SourceError(f"source {src.name!r}: snapshot connection to {safe_dsn(src.dsn)} failed: {msg}")
+        self.conn = conn
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.conn.finish()
+
+    def _exec(self, query: bytes, params: Sequence[bytes | None] = ()) -> pq.abc.PGresult:
+        res = self.conn.exec_params(query, list(params)) if params else self.conn.exec_(query)
+        if res.status not in (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK):
+            raw = res.error_message or self.conn.get_error_message()
+            msg = (raw.decode(errors="replace") if isinstance(raw, bytes) else raw).strip()
+            if self.conn.transaction_status != pq.TransactionStatus.IDLE:
+                self.conn.exec_(b"ROLLBACK")
+            raise SourceError(f"source {self.src.name!r}: snapshot query failed: {msg}")
+        return res
+
+    def _hook(self, point: str, task: SnapshotTask, page: int) -> None:
+        if self.hook is not None:
+            self.hook(point, task, page)
+
+    def read_page(
+        self, shape: TableShape, encoders: Sequence[Encoder], task: SnapshotTask, page: int, limit: int
+    ) -> PageRead:
+        """Read up to `limit` rows after `task.after` in key order, in one REPEATABLE READ transaction."""
+        cols = sql.SQL(", ").join(sql.Identifier(c) for c in shape.columns)
+        keys = sql.SQL(", ").join(sql.Identifier(shape.columns[i]) for i in shape.key_positions)
+        params: list[bytes | None] = []
+        conds: list[sql.Composable] = []
+        casts = sql.SQL(", ").join(sql.SQL("{}::{}").format(sql.Placeholder(), sql.SQL(t)) for t in shape.key_types)
+        if task.keys is not None:  # a re-read of listed keys (DESIGN §6: unchanged TOAST with no image)
+            tuples = sql.SQL(", ").join(sql.SQL("({})").format(casts) for _ in task.keys)
+            conds.append(sql.SQL("({}) in ({})").format(keys, tuples))
+            params += [k.encode() for key in task.keys for k in key]
+        if task.after is not None:
+            conds.append(sql.SQL("({}) > ({})").format(keys, casts))
+            params += [k.encode() for k in task.after]
+        if task.bounded and task.until is None:
+            conds.append(sql.SQL("false"))  # the table was empty when the snapshot started
+        if task.until is not None:
+            # Rows inserted above the starting maximum arrive by the stream: without this bound a
+            # snapshot of a table under insert load could chase its tail forever.
+            conds.append(sql.SQL("({}) <= ({})").format(keys, casts))
+            params += [k.encode() for k in task.until]
+        where: sql.Composable = sql.SQL(" where ") + sql.SQL(" and ").join(conds) if conds else sql.SQL("")
+        query = sql.SQL("select {} from {}{} order by {} limit {}").format(
+            cols, shape.scan, where, keys, sql.Literal(limit)
+        )
+        # psycopg's placeholders are %s; the libpq protocol's are $n.
+        text = query.as_string(None)
+        for n in range(1, len(params) + 1):
+            text = text.replace("%s", f"${n}", 1)
+        self._hook("before_read", task, page)
+        self._exec(b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        self._hook("after_begin", task, page)
+        # The first statement takes the transaction's snapshot: the page reads under exactly it.
+        snap = self._exec(
+            b"select pg_snapshot_xmin(s)::text, pg_snapshot_xmax(s)::text, "
+            b"array_to_string(array(select pg_snapshot_xip(s)), ',') from pg_current_snapshot() s"
+        )
+        xmin, xmax = int(snap.get_value(0, 0) or b"0"), int(snap.get_value(0, 1) or b"0")
+        xip_text = (snap.get_value(0, 2) or b"").decode()
+        xip = tuple(int(x) for x in xip_text.split(",") if x)
+        read_at_us = int(time.time() * 1_000_000)
+        res = self._exec(text.encode(), params)
+        self._exec(b"COMMIT")
+        table = f"{shape.schema}.{shape.name}"
+        keys_json = json_keys(shape.columns)
+        width = range(len(shape.columns))
+        rows = []
+        for r in range(res.ntuples):
+            values = [None if (v := res.get_value(r, c)) is None else bytes(v) for c in width]
+            record, _ = encode_record(table, keys_json, encoders, shape.columns, values)
+            record_pk = encode_key(table, keys_json, encoders, shape.key_positions, values)
+            key_text = tuple((values[i] or b"").decode() for i in shape.key_positions)
+            rows.append(SnapshotRow(record_pk, record, key_text))
+        self._hook("after_read", task, page)
+        return PageRead(rows, xmin, xmax, xip, read_at_us)
+
+    def max_key(self, shape: TableShape) -> tuple[str, ...] | None:
+        """The table's largest key now (as key text), or None if it is empty."""
+        keys = [sql.Identifier(shape.columns[i]) for i in shape.key_positions]
+        query = sql.SQL("select {} from {} order by {} limit 1").format(
+            sql.SQL(", ").join(keys),
+            shape.scan,
+            sql.SQL(", ").join(sql.SQL("{} desc").format(k) for k in keys),
+        )
+        res = self._exec(query.as_string(None).encode())
+        if res.ntuples == 0:
+            return None
+        return tuple(bytes(res.get_value(0, i) or b"").decode() for i in range(len(keys)))
+
+    def watermark(self, task: SnapshotTask, page: int) -> int:
+        """Commit the page's high watermark (a transactional logical message); returns its LSN."""
+        content = f"{task.table}:{task.snapshot_id}:{page}".encode()
+        res = self._exec(b"select pg_logical_emit_message(true, $1, $2)::text", [WATERMARK_PREFIX.encode(), content])
+        return lsn_to_int((res.get_value(0, 0) or b"").decode())
+
+    def current_lsn(self) -> int:
+        """The server's current WAL insert position (no later watermark can be at or below it)."""
+        res = self._exec(b"select pg_current_wal_insert_lsn()::text")
+        return lsn_to_int((res.get_value(0, 0) or b"").decode())
+
+

@@ -1,0 +1,53 @@
+"""The keys silver asks ingest to re-read (DESIGN §6): read from dbt's consumer_records, by path.
+
+This is the one place where ingest reads what dbt built: the loop bronze -> silver -> ingest ->
+bronze that DESIGN §6 requires for an update whose unchanged TOAST value had no image. Its
+contract with the dbt side: the model `consumer_records` (under `<warehouse>/dbt/silver.db/`
+unless `snapshot.reread_from` says otherwise) and its columns `source`, `table_schema`,
+`table_name`, `record_pk`, `commit_lsn`, `commit_index`, `needs_reread` and `deleted`.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ingest.bronze.writer import BronzeWriter
+from ingest.config import PostgresSource
+from ingest.errors import BronzeWriteError
+
+
+class RereadKeys:
+    """Owns what one source has asked to re-read in this process (each record state once)."""
+
+    def __init__(self, src: PostgresSource, writer: BronzeWriter) -> None:
+        """Read `src`'s keys from the silver table next to `writer`'s bronze."""
+        self.src = src
+        self.writer = writer
+        self.path = src.snapshot.reread_from or f"{writer.warehouse}/dbt/silver.db/consumer_records"
+        self._seen: set[tuple[object, ...]] = set()
+
+    def keys_to_reread(self) -> dict[str, list[tuple[str, ...]]]:
+        """New keys (as key text, in key order) per configured table; none if dbt has not built silver yet."""
+        if not self.writer.tables.exists(self.path):
+            return {}
+        # delta-rs's query engine applies consumer_records' deletion vectors; its pyarrow dataset
+        # reader refuses such a table (DeltaProtocolError) rather than return deleted rows. Any
+        # other failure to read it is an error: re-reading the wrong keys is not an option.
+        try:
+            rows = self.writer.tables.query(
+                "select table_schema, table_name, record_pk, commit_lsn, commit_index from t "
+                f"where source = '{self.src.name}' and needs_reread and not deleted",
+                t=self.path,
+            ).to_pylist()
+        except Exception as e:
+            raise BronzeWriteError(f"cannot read needs_reread keys from {self.path}: {e}") from e
+        by_table: dict[str, list[tuple[str, ...]]] = {}
+        for r in rows:
+            seen = (r["table_schema"], r["table_name"], r["record_pk"], r["commit_lsn"], r["commit_index"])
+            table = f"{r['table_schema']}.{r['table_name']}"
+            if seen in self._seen or table not in self.src.tables:
+                continue
+            self._seen.add(seen)
+            values = json.loads(r["record_pk"]).values()
+            by_table.setdefault(table, []).append(tuple(v if isinstance(v, str) else json.dumps(v) for v in values))
+        return by_table
