@@ -176,9 +176,11 @@ impl RowEncoder {
         Ok((out, toast))
     }
 
-    /// `values.encode_key`: the key columns as a JSON object, a NULL one as null. An unchanged-TOAST key column is
-    /// refused (Python raises: the key cannot be known).
-    fn pk(&self, values: &[Value<'_>]) -> Result<String, Refusal> {
+    /// `values.encode_key`: the key columns as a JSON object, a NULL one as null. An unchanged-TOAST
+    /// key column takes its value from `old` (an Update's `K`/`O` tuple: the new value is the old
+    /// one); with no old tuple, or NULL there (not sent), it is refused (Python raises: the key
+    /// cannot be known). `record` is not affected: it leaves the column out and lists it.
+    fn pk(&self, values: &[Value<'_>], old: Option<&[Value<'_>]>) -> Result<String, Refusal> {
         let mut out = String::with_capacity(32);
         out.push('{');
         for (n, &i) in self.pk_idx.iter().enumerate() {
@@ -189,7 +191,10 @@ impl RowEncoder {
             match values.get(i).ok_or("key column missing from the tuple")? {
                 Value::Data(d) => push_value(&mut out, self.kinds[i], d)?,
                 Value::Null => out.push_str("null"),
-                Value::Unchanged => return Err("unchanged TOAST key column"),
+                Value::Unchanged => match old.filter(|o| o.len() == self.kinds.len()).map(|o| &o[i]) {
+                    Some(Value::Data(d)) => push_value(&mut out, self.kinds[i], d)?,
+                    _ => return Err("unchanged TOAST key column without an old value"),
+                },
             }
         }
         out.push('}');
@@ -212,7 +217,7 @@ impl RowEncoder {
                 let (new, end) = parse_tuple(buf, pos)?;
                 pos = end;
                 let (record, toast) = self.record(&new)?;
-                (ACTION_INSERT, Some(record), self.pk(&new)?, None, None, toast)
+                (ACTION_INSERT, Some(record), self.pk(&new, None)?, None, None, toast)
             }
             MSG_UPDATE => {
                 let mut old = None;
@@ -228,11 +233,11 @@ impl RowEncoder {
                 let (new, end) = parse_tuple(buf, pos)?;
                 pos = end;
                 let (record, toast) = self.record(&new)?;
-                let pk = self.pk(&new)?;
+                let pk = self.pk(&new, old.as_deref())?;
                 let (mut old_record, mut old_pk) = (None, None);
                 if let Some(old) = old {
                     old_record = Some(self.record(&old)?.0);
-                    let opk = self.pk(&old)?;
+                    let opk = self.pk(&old, None)?;
                     if opk != pk {
                         old_pk = Some(opk);
                     }
@@ -246,7 +251,7 @@ impl RowEncoder {
                 let (old, end) = parse_tuple(buf, pos)?;
                 pos = end;
                 let (old_record, _) = self.record(&old)?;
-                (ACTION_DELETE, None, self.pk(&old)?, Some(old_record), None, None)
+                (ACTION_DELETE, None, self.pk(&old, None)?, Some(old_record), None, None)
             }
             _ => return Err("not a row message"),
         };

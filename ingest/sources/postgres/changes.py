@@ -228,7 +228,9 @@ class ChangeBuilder:
             case Update():
                 rel = self._rel(msg.relation_id)
                 record, toast = encode_record(rel.table, rel.keys_json, rel.encoders, rel.names, msg.new)
-                pk = encode_key(rel.table, rel.keys_json, rel.encoders, rel.pk_idx, msg.new)
+                # An unchanged-TOAST key column takes its value from the old tuple (encode_key); in
+                # `record` it stays absent and listed in `unchanged_toast`, like any other column.
+                pk = encode_key(rel.table, rel.keys_json, rel.encoders, rel.pk_idx, msg.new, msg.old)
                 old_record = old_pk = None
                 if msg.old is not None:
                     old_record, _ = encode_record(rel.table, rel.keys_json, rel.encoders, rel.names, msg.old)

@@ -95,7 +95,7 @@ class ValueMappingError(IngestError):
     """A row could not be encoded to JSON; the message names the table and, where known, the column.
 
     A value does not map (malformed array literal, bad bool, non-UTF-8), the row's width is not its
-    relation's, or a key column is an unchanged TOAST value.
+    relation's, or a key column is an unchanged TOAST value the change carries no old value of.
     """
 
 
@@ -383,7 +383,8 @@ def encode_record(
     for a TOASTed value the server did not send (left out of the object). `table` (schema.name)
     only names the table in errors.
 
-    Returns the object and the names of the unchanged-TOAST columns (None if there are none).
+    Returns the object and the names of the unchanged-TOAST columns (None if there are none); a key
+    column too is left out and listed (encode_key takes its value for `record_pk` from the old tuple).
     Raises ValueMappingError, naming the table, if the row's width is not the relation's (a
     Relation message was missed) or, naming the column too, if a value does not map.
     """
@@ -414,28 +415,45 @@ def encode_key(
     encoders: Sequence[Encoder],
     key_positions: Sequence[int],
     values: Sequence[TupleValue],
+    old: Sequence[TupleValue] | None = None,
 ) -> str:
     """Encode a row's key columns (0-based `key_positions`, in key order) as bronze `record_pk`.
 
     Gives the canonical compact `{"id":1}`; arguments as for encode_record. The NULL-key rule:
     a NULL key column is JSON null (REPLICA IDENTITY FULL on a table without a primary key makes
-    every column part of the key, and those may be NULL). An unchanged-TOAST key column raises
-    ValueMappingError naming the table and column: the key cannot be known, and writing null
-    would silently give the change another row's identity. A row whose width is not the
-    relation's raises as in encode_record.
+    every column part of the key, and those may be NULL).
+
+    The unchanged-TOAST key rule: `old` is an Update's old tuple (`K` or `O`), if it came. A key
+    column of `values` sent as UNCHANGED_TOAST ('u': the new value is the old one, not sent) takes
+    its value from `old`. The server always sends one then: under REPLICA IDENTITY FULL the old
+    row is sent in full with TOASTed values flattened, and under the default identity the old key
+    is sent whenever it holds an out-of-line value. Only the key takes it: `record` still leaves
+    such a column out and lists it in `unchanged_toast` (encode_record), exactly as a non-key
+    unchanged-TOAST column, so `record`/`unchanged_toast` mean the same for every column (bronze
+    contract) and the full value stays in `old_record`. With no old value (no old tuple, or NULL
+    there: a `K` tuple sends the columns outside the replica identity as NULL) the key cannot be
+    known and ValueMappingError names the table and column: writing null would silently give the
+    change another row's identity. A row (or `old`) whose width is not the relation's raises as
+    in encode_record.
     """
     if len(values) != len(keys_json):
         raise _width_error(table, len(values), len(keys_json))
     parts = []
     for i in key_positions:
         v = values[i]
+        if v is UNCHANGED_TOAST and old is not None:
+            if len(old) != len(keys_json):
+                raise _width_error(table, len(old), len(keys_json))
+            v = old[i]
+            if not isinstance(v, bytes):  # NULL (not sent) or unchanged again: no value to take
+                v = UNCHANGED_TOAST
         if v is None:
             parts.append(keys_json[i] + "null")
         elif v is UNCHANGED_TOAST:
             raise ValueMappingError(
-                f"table {table}: key column {keys_json[i][:-1]} is an unchanged TOAST value (not sent), so the "
-                "row's key cannot be encoded; give the table a primary key (without one, REPLICA IDENTITY "
-                "FULL makes every column part of the key)"
+                f"table {table}: key column {keys_json[i][:-1]} is an unchanged TOAST value (not sent) and the "
+                "change carries no old value of it, so the row's key cannot be encoded; the server sends one "
+                "when the replica identity is FULL or is the primary key (REPLICA IDENTITY DEFAULT)"
             )
         else:
             try:

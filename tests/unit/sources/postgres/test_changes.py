@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -151,14 +152,52 @@ def test_tuple_width_other_than_the_relation_is_an_error() -> None:
     assert b.feed(Insert(relation_id=7, new=(b"1", b"a"))) is not None  # the right width still goes through
 
 
-def test_unchanged_toast_key_column_is_an_error() -> None:
+def test_full_identity_update_keeps_an_unchanged_toast_key_column_from_the_old_row() -> None:
+    """Regression: REPLICA IDENTITY FULL update of a table with a TOASTed column crash-looped the stream.
+
+    Without a primary key REPLICA IDENTITY FULL makes every column the key, and an UPDATE that leaves
+    a TOASTed column alone sends it unchanged ('u') in the new tuple; the fix of issue 16 made that
+    an error, on an ordinary update. The old row (`O`) always carries the value (flattened), and
+    'u' means the new value equals it: the key takes it from there. `record` keeps the bronze
+    contract of every unchanged-TOAST column: absent, and listed in `unchanged_toast`.
+    """
+    b = builder_for([("id", INT4), ("body", TEXT), ("n", INT4)], replica_identity="f", key=False)
+    ins = b.feed(Insert(relation_id=7, new=(b"1", b"long", b"0")))
+    touched = b.feed(Update(relation_id=7, old_kind="O", old=(b"1", b"long", b"0"), new=(b"1", UNCHANGED_TOAST, b"0")))
+    changed = b.feed(Update(relation_id=7, old_kind="O", old=(b"1", b"long", b"0"), new=(b"1", UNCHANGED_TOAST, b"5")))
+    assert isinstance(ins, ChangeEvent) and isinstance(touched, ChangeEvent) and isinstance(changed, ChangeEvent)
+    assert ins.record_pk == touched.record_pk == '{"id":1,"body":"long","n":0}'
+    assert touched.old_record_pk is None  # the key did not change
+    # The key is the whole row: changing n changes it, and the old key is the insert's.
+    assert (changed.record_pk, changed.old_record_pk) == ('{"id":1,"body":"long","n":5}', ins.record_pk)
+    assert (changed.record, changed.unchanged_toast) == ('{"id":1,"n":5}', ("body",))
+    assert changed.old_record == '{"id":1,"body":"long","n":0}'
+
+
+def test_unchanged_toast_primary_key_comes_from_the_old_key_tuple() -> None:
+    """Default identity: the old key (`K`) is sent when it holds an out-of-line value; the key takes it."""
+    b = builder_for([("id", TEXT), ("n", INT4)])
+    ev = b.feed(Update(relation_id=7, old_kind="K", old=(b"big", None), new=(UNCHANGED_TOAST, b"2")))
+    assert isinstance(ev, ChangeEvent)
+    assert (ev.record_pk, ev.old_record_pk, ev.record, ev.unchanged_toast) == ('{"id":"big"}', None, '{"n":2}', ("id",))
+
+
+@pytest.mark.parametrize(
+    "old_kind, old",
+    [
+        (None, None),  # no old tuple at all
+        ("K", (b"1", None)),  # a key tuple without the column (not part of the replica identity): NULL
+        ("O", (b"1", UNCHANGED_TOAST)),  # never sent (old rows are flattened), but no value either
+    ],
+)
+def test_unchanged_toast_key_column_without_an_old_value_is_an_error(old_kind: Any, old: Any) -> None:
     """Issue 16: an unchanged-TOAST key column was written as null in `record_pk`.
 
-    With REPLICA IDENTITY FULL and no primary key every column is the key, and an UPDATE that does
-    not touch a TOASTed column sends it as unchanged: the event's key then differed from the row's.
+    When the change carries no old value of it the key cannot be known: the stream stops with a
+    message naming the table and column rather than give the change another row's identity.
     """
     b = builder_for([("id", INT4), ("body", TEXT)], replica_identity="f", key=False)
-    update = Update(relation_id=7, old_kind="O", old=(b"1", b"long"), new=(b"2", UNCHANGED_TOAST))
+    update = Update(relation_id=7, old_kind=old_kind, old=old, new=(b"1", UNCHANGED_TOAST))
     with pytest.raises(ValueMappingError, match=r'table s\.t: key column "body" is an unchanged TOAST value'):
         b.feed(update)
 

@@ -12,13 +12,13 @@ import struct
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
 from ingest.events import ChangeEvent
 from ingest.sources.postgres import native
 from ingest.sources.postgres.changes import ChangeBuilder
-from ingest.sources.postgres.pgoutput import Relation, decode
+from ingest.sources.postgres.pgoutput import UNCHANGED_TOAST, Relation, Update, decode
 from tests.unit.sources.postgres.test_changes import FIXTURE, FixtureCatalog
 
 # Scalar types and how to draw a value's text for each (as the server prints it).
@@ -137,7 +137,9 @@ def scenario(draw: Any) -> tuple[list[bytes], bool]:
     """A relation and changes of it; some rows break a rule both paths must enforce alike.
 
     Rare rows have a NULL or unchanged-TOAST key column, or one column too few or too many (a
-    missed Relation message). Returns the payloads and whether the table has no primary key
+    missed Relation message). An update's new row may have unchanged-TOAST key columns whose value
+    its old tuple (`K` or `O`) carries (the key takes it from there) or does not (NULL there, or
+    no old tuple: an error). Returns the payloads and whether the table has no primary key
     (REPLICA IDENTITY FULL, so every column is part of the key).
     """
     n = draw(st.integers(1, 6))
@@ -196,6 +198,62 @@ def test_random_rows_are_decoded_identically(case: tuple[list[bytes], bool]) -> 
     )
 
 
+def key_from_old_tuple(payload: bytes, no_key: bool, old_kind: bytes) -> bool:
+    """Whether `payload` is an update with an `old_kind` old tuple that carries the value of a key column
+    its new row sends as unchanged TOAST (both tuples as wide as the new one)."""
+    if payload[:1] != b"U" or payload[5:6] != old_kind:
+        return False
+    msg = decode(payload)
+    assert isinstance(msg, Update) and msg.old is not None
+    if len(msg.old) != len(msg.new):
+        return False
+    keys = range(len(msg.new)) if no_key else range(1)
+    return any(msg.new[i] is UNCHANGED_TOAST and isinstance(msg.old[i], bytes) for i in keys)
+
+
+@pytest.mark.parametrize("old_kind", [b"K", b"O"])
+def test_random_rows_include_unchanged_toast_keys_the_compiled_decoder_takes_from_the_old_tuple(
+    old_kind: bytes,
+) -> None:
+    """The property test above is meaningful for the REPLICA IDENTITY FULL TOAST fix: its scenarios
+    include updates whose unchanged-TOAST key column the old tuple carries, and the compiled decoder
+    decodes them (does not hand them back) to the same event as Python."""
+
+    def reaches(case: tuple[list[bytes], bool]) -> bool:
+        payloads, no_key = case
+        refused: list[bool] = []
+        fast, slow = both_paths(payloads, NoKeyCatalog() if no_key else KeyCatalog(), refused=refused)
+        return (
+            any(
+                key_from_old_tuple(p, no_key, old_kind) and not refused[j] and isinstance(fast[j], ChangeEvent)
+                for j, p in enumerate(payloads)
+            )
+            and fast == slow
+        )
+
+    payloads, no_key = find(scenario(), reaches, settings=settings(max_examples=5000, database=None, deadline=None))
+    assert any(key_from_old_tuple(p, no_key, old_kind) for p in payloads)
+
+
+def test_unchanged_toast_key_from_the_old_tuple_is_decoded_by_the_compiled_decoder() -> None:
+    """REPLICA IDENTITY FULL, no primary key: an update leaving a TOASTed column alone (regression)."""
+    cat = NoKeyCatalog()
+    relation = relation_bytes(9, ["id", "body"], [INT8, TEXT], [True, True], "f")
+    begin = b"B" + struct.pack("!QqI", 1000, 0, 7)
+    update = b"U" + struct.pack("!I", 9) + b"O" + tuple_bytes(["1", "long"]) + b"N" + tuple_bytes(["1", "\x00toast"])
+    refused: list[bool] = []
+    fast, slow = both_paths([begin, relation, update], cat, refused=refused)
+    assert fast == slow and refused == [False, False, False]
+    ev = fast[-1]
+    assert isinstance(ev, ChangeEvent)
+    assert (ev.record_pk, ev.old_record_pk, ev.record, ev.unchanged_toast) == (
+        '{"id":1,"body":"long"}',
+        None,
+        '{"id":1}',
+        ("body",),
+    )
+
+
 @pytest.mark.parametrize(
     "payload",
     [
@@ -207,7 +265,9 @@ def test_random_rows_are_decoded_identically(case: tuple[list[bytes], bool]) -> 
         b"I" + struct.pack("!I", 9) + b"N" + tuple_bytes(["\xff", "t"]),  # not a number (not ASCII)
         b"I" + struct.pack("!I", 9) + b"N" + tuple_bytes(["1"]),  # narrower than the relation
         b"I" + struct.pack("!I", 9) + b"N" + tuple_bytes(["1", "t", "t"]),  # wider than the relation
-        b"U" + struct.pack("!I", 9) + b"N" + tuple_bytes(["\x00toast", "t"]),  # unchanged-TOAST key
+        b"U" + struct.pack("!I", 9) + b"N" + tuple_bytes(["\x00toast", "t"]),  # unchanged-TOAST key, no old
+        # unchanged-TOAST key whose old key tuple does not carry it
+        b"U" + struct.pack("!I", 9) + b"K" + tuple_bytes([None, None]) + b"N" + tuple_bytes(["\x00toast", "t"]),
     ],
 )
 def test_what_the_compiled_decoder_refuses_gets_the_python_error(payload: bytes) -> None:

@@ -114,12 +114,20 @@ def test_key_of_old_key_tuple_and_composite_key_order() -> None:
     assert encode_key(TABLE, keys, encoders, [1, 0], update.new) == '{"name":"one","id":10}'
 
 
-def test_key_column_null_is_null_and_unchanged_toast_raises() -> None:
-    """The NULL-key rule (issue 16): NULL is JSON null; an unchanged-TOAST key cannot be known."""
-    keys, encoders = json_keys(["id"]), [BUILTIN.column_encoder(INT4)]
-    assert encode_key(TABLE, keys, encoders, [0], (None,)) == '{"id":null}'
-    with pytest.raises(ValueMappingError, match=r'table s\.t: key column "id" is an unchanged TOAST value'):
-        encode_key(TABLE, keys, encoders, [0], (UNCHANGED_TOAST,))
+def test_key_column_null_is_null_and_unchanged_toast_comes_from_the_old_tuple() -> None:
+    """The NULL-key rule (issue 16): NULL is JSON null; an unchanged-TOAST key takes the old tuple's value.
+
+    Without an old value (no old tuple, NULL or unchanged there) the key cannot be known.
+    """
+    keys, encoders = json_keys(["id", "n"]), [BUILTIN.column_encoder(INT4)] * 2
+    assert encode_key(TABLE, keys, encoders, [0], (None, b"1")) == '{"id":null}'
+    new = (UNCHANGED_TOAST, b"2")
+    assert encode_key(TABLE, keys, encoders, [0, 1], new, (b"7", b"1")) == '{"id":7,"n":2}'
+    for old in (None, (None, b"1"), (UNCHANGED_TOAST, b"1")):
+        with pytest.raises(ValueMappingError, match=r'table s\.t: key column "id" is an unchanged TOAST value'):
+            encode_key(TABLE, keys, encoders, [0], new, old)
+    with pytest.raises(ValueMappingError, match=r"table s\.t: a row has 1 columns but the relation has 2"):
+        encode_key(TABLE, keys, encoders, [0], new, (b"7",))
 
 
 def test_record_width_mismatch_and_bad_value_name_the_problem() -> None:
