@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from operator import itemgetter
 from pathlib import Path
@@ -13,7 +12,6 @@ from typing import Any
 
 import pyarrow as pa
 
-from ingest.bronze.delta import DeltaTables
 from ingest.bronze.schemas import (
     ALL_TABLES,
     SNAPSHOT_PAGES_TABLE,
@@ -22,8 +20,9 @@ from ingest.bronze.schemas import (
     WAL_EVENTS_TABLE,
     BronzeTable,
 )
+from ingest.bronze.state import BronzeState, sql_str
 from ingest.errors import BronzeWriteError
-from ingest.events import ChangeEvent, RelationShape, SnapshotPage, WriterKind, WriterPosition
+from ingest.events import ChangeEvent, RelationShape, SnapshotPage, WriterPosition
 
 log = logging.getLogger(__name__)
 
@@ -43,16 +42,6 @@ def txn_version(commit_lsn: int, commit_index: int) -> int | None:
     if commit_lsn >= TXN_MAX_LSN or commit_index >= (1 << TXN_INDEX_BITS):
         return None
     return (commit_lsn << TXN_INDEX_BITS) | commit_index
-
-
-@dataclass(frozen=True, slots=True)
-class DurablePage:
-    """The last page of a snapshot committed to bronze: a resumed snapshot starts after it."""
-
-    page_number: int
-    after_key: tuple[str, ...] | None  # key_text of its last row (None: no row read yet)
-    rows: int  # rows committed by the snapshot so far
-    complete: bool  # its last page is committed
 
 
 def _now() -> datetime:
@@ -92,34 +81,21 @@ def _events_to_arrow(
 _TS_INDEX = ChangeEvent._fields.index("commit_ts_us")
 
 
-class BronzeWriter:
+class BronzeWriter(BronzeState):
     """Owns the bronze tables of one warehouse (a local path or an object-store URI).
 
     Responsibilities: create the tables (by path, no metastore; only ingest creates bronze),
     append event batches and snapshot pages exactly once (Delta txnAppId/txnVersion, checked
     before each append), record relation shapes, raise and remove writer positions, keep the
-    tables' files few (compaction on a commit count), and answer where a writer's durable data
-    ends (so a restart skips what is already in bronze).
+    tables' files few (compaction on a commit count). What is durable is read back by the
+    BronzeState it extends.
     """
 
     def __init__(self, warehouse: str | Path, storage_options: Mapping[str, str] | None = None) -> None:
-        """Bind to `warehouse`; tables live in `<warehouse>/bronze/<name>`.
-
-        `storage_options` go to delta-rs as they are (object stores; credentials may also come
-        from the store's standard environment variables).
-        """
-        self.warehouse = str(warehouse).rstrip("/")
-        self.root = f"{self.warehouse}/bronze"
-        self.tables = DeltaTables(storage_options)
+        """Bind to `warehouse`; tables live in `<warehouse>/bronze/<name>` (see BronzeState)."""
+        super().__init__(warehouse, storage_options)
         self._commits_since_upkeep: dict[str, int] = {}
 
-    def path(self, table: BronzeTable) -> str:
-        """The Delta table URI of `table`."""
-        return f"{self.root}/{table.name}"
-
-    def exists(self, table: BronzeTable) -> bool:
-        """Whether `table` has been created."""
-        return self.tables.exists(self.path(table))
 
     def ensure_tables(self) -> None:
         """Create each bronze table that does not exist yet (safe against a concurrent creator).
@@ -227,13 +203,6 @@ class BronzeWriter:
         data = pa.Table.from_pylist(rows, SOURCE_RELATIONS_TABLE.schema)
         self._append(SOURCE_RELATIONS_TABLE, data, source, None, None)
 
-    def known_shapes(self, source: str) -> set[str]:
-        """Shape hashes already recorded for `source`."""
-        t = self._query(
-            f"select distinct shape_hash from t where source = {_sql_str(source)}", t=SOURCE_RELATIONS_TABLE
-        )
-        return set(t.column("shape_hash").to_pylist())
-
     def raise_position(self, pos: WriterPosition, started_at: datetime) -> None:
         """Replace this writer's row (its own partition) with `pos`; callers never lower it."""
         self.raise_positions([(pos, started_at)])
@@ -259,8 +228,8 @@ class BronzeWriter:
             }
             for pos, started_at in rows
         ]
-        ids = ", ".join(_sql_str(p.writer_id) for p, _ in rows)
-        cond = f"source = {_sql_str(source)} AND writer_id IN ({ids})"
+        ids = ", ".join(sql_str(p.writer_id) for p, _ in rows)
+        cond = f"source = {sql_str(source)} AND writer_id IN ({ids})"
         try:
             self.tables.replace(
                 self.path(STREAM_POSITIONS_TABLE), pa.Table.from_pylist(data, STREAM_POSITIONS_TABLE.schema), cond
@@ -301,91 +270,10 @@ class BronzeWriter:
         table = pa.Table.from_pylist(data, SNAPSHOT_PAGES_TABLE.schema)
         self._append(SNAPSHOT_PAGES_TABLE, table, source, f"{source}/{writer_id}", page.page_number)
 
-    def completed_snapshots(self, source: str) -> dict[str, int]:
-        """`schema.table` -> high watermark of its latest completed snapshot (its last page)."""
-        t = self._query(
-            "select table_schema, table_name, max(high_watermark_lsn) as hw from t "
-            f"where source = {_sql_str(source)} and last_page group by table_schema, table_name",
-            t=SNAPSHOT_PAGES_TABLE,
-        )
-        return {f"{r['table_schema']}.{r['table_name']}": int(r["hw"]) for r in t.to_pylist()}
-
-    def last_durable_page(self, source: str, snapshot_id: str) -> DurablePage | None:
-        """Where a snapshot stands in bronze: its last committed page, cursor, rows and completion."""
-        where = f"where source = {_sql_str(source)} and snapshot_id = {_sql_str(snapshot_id)}"
-        agg = self._query(
-            "select max(page_number) as last_page_number, count(record_pk) as n, "
-            f"max(cast(last_page as int)) as done from t {where}",
-            t=SNAPSHOT_PAGES_TABLE,
-        ).to_pylist()[0]
-        if agg["last_page_number"] is None:
-            return None
-        last = self._query(
-            f"select key_text from t {where} and page_number = {int(agg['last_page_number'])} "
-            "order by row_index desc limit 1",
-            t=SNAPSHOT_PAGES_TABLE,
-        ).to_pylist()[0]
-        key = tuple(last["key_text"]) if last["key_text"] is not None else None
-        return DurablePage(int(agg["last_page_number"]), key, int(agg["n"]), bool(agg["done"]))
-
     def remove_writer(self, source: str, writer_id: str) -> None:
         """Delete a retired writer's row so it no longer holds back the safe bound."""
-        cond = f"source = {_sql_str(source)} AND writer_id = {_sql_str(writer_id)}"
+        cond = f"source = {sql_str(source)} AND writer_id = {sql_str(writer_id)}"
         try:
             self.tables.delete(self.path(STREAM_POSITIONS_TABLE), cond)
         except Exception as e:
             raise BronzeWriteError(f"removing writer {source}/{writer_id} failed: {e}") from e
-
-    def positions(self, source: str | None = None) -> list[tuple[WriterPosition, datetime]]:
-        """Every writer row (of `source`, if given) with its `updated_at`."""
-        where = f" where source = {_sql_str(source)}" if source is not None else ""
-        out = []
-        for r in self._query(f"select * from t{where}", t=STREAM_POSITIONS_TABLE).to_pylist():
-            pos = WriterPosition(
-                r["source"],
-                r["writer_id"],
-                WriterKind(r["writer_kind"]),
-                r["durable_lsn"],
-                r["ack_lsn"],
-                r["resume_token"],
-            )
-            out.append((pos, r["updated_at"]))
-        return out
-
-    def last_event_position(self, source: str, writer_id: str, from_lsn: int = 0) -> tuple[int, int] | None:
-        """The highest (commit_lsn, commit_index) this writer has in bronze, or None.
-
-        Bronze is the truth of what is durable: a restarted writer skips every re-delivered event at
-        or below this position, so a crash between a Delta commit and the slot acknowledgement
-        neither loses nor duplicates events. `from_lsn` (the writer's recorded durable position)
-        lets the reader skip files by their statistics.
-        """
-        t = self._query(
-            "select commit_lsn, commit_index from t "
-            f"where source = {_sql_str(source)} and writer_id = {_sql_str(writer_id)} "
-            f"and commit_lsn >= {int(from_lsn)} order by commit_lsn desc, commit_index desc limit 1",
-            t=WAL_EVENTS_TABLE,
-        ).to_pylist()
-        if not t:
-            return None
-        return (int(t[0]["commit_lsn"]), int(t[0]["commit_index"]))
-
-    def max_commit_time(self, source: str) -> datetime | None:
-        """The newest commit timestamp of `source` in bronze (for status)."""
-        t = self._query(
-            f"select max(commit_timestamp) as m from t where source = {_sql_str(source)}", t=WAL_EVENTS_TABLE
-        )
-        m = t.to_pylist()[0]["m"]
-        return m if isinstance(m, datetime) else None
-
-    def _query(self, sql: str, t: BronzeTable) -> pa.Table:
-        """`sql` over bronze table `t` (registered as `t`)."""
-        try:
-            return self.tables.query(sql, t=self.path(t))
-        except Exception as e:
-            raise BronzeWriteError(f"reading {self.path(t)} failed: {e}") from e
-
-
-def _sql_str(s: str) -> str:
-    """`s` as a SQL string literal (DataFusion: standard quoting, a quote doubled)."""
-    return "'" + s.replace("'", "''") + "'"
