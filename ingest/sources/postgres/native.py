@@ -6,8 +6,8 @@ compares them on random rows): the decoder's per-change Python work was the meas
 `run --once` (BENCHMARKS.md). It covers the JSON kinds that map a value by itself (int, float,
 bool, and every kind written as a JSON string); a relation with an array column keeps the Python
 path. A message it does not handle the same way (malformed, a value that does not map, a row whose
-width is not the relation's, an unchanged-TOAST key column) is refused with ValueError and decoded
-by Python, which raises the error a user sees.
+width is not the relation's, an unchanged-TOAST key column the old tuple does not carry) is refused
+with ValueError and decoded by Python, which raises the error a user sees.
 
 `make setup` builds and installs it (`pip install ./native`); without it ingest runs the pure
 Python path (same output, about half the speed) and says so once in the log.

@@ -350,11 +350,6 @@ class TypeCatalog:
         return encode_bytes, encode_str
 
 
-def json_names(names: Iterable[str]) -> tuple[str, ...]:
-    """Pre-encode column names as JSON strings (`'"id"'`)."""
-    return tuple(_json_str(n) for n in names)
-
-
 def json_keys(names: Iterable[str]) -> tuple[str, ...]:
     """Pre-encode column names as JSON object-key prefixes (`'"id":'`) for encode_record/encode_key."""
     return tuple(_json_str(n) + ":" for n in names)

@@ -17,7 +17,6 @@ from ingest.sources.postgres.values import (
     encode_key,
     encode_record,
     json_keys,
-    json_names,
     parse_array_literal,
 )
 from tests.unit.sources.postgres.test_pgoutput import fixture, messages
@@ -289,8 +288,7 @@ def test_string_escaping_matches_json_dumps(text: str) -> None:
     assert BUILTIN.column_encoder(TEXT)(encoded) == json.dumps(text, ensure_ascii=False)
 
 
-def test_json_names_escape() -> None:
-    assert json_names(["id", 'we"ird']) == ('"id"', '"we\\"ird"')
+def test_json_keys_escape() -> None:
     assert json_keys(["id", 'we"ird']) == ('"id":', '"we\\"ird":')
 
 
