@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,36 +20,15 @@ from ingest.sources.postgres.pgoutput import (
     Update,
     decode,
 )
-from ingest.sources.postgres.values import TypeCatalog, ValueMappingError
-
-FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "pgoutput_v1.json").read_text())
-
-
-class FixtureCatalog:
-    """The recorded server's pg_type, and `id` as every table's key (as the recorded tables have)."""
-
-    def __init__(self) -> None:
-        self.types = TypeCatalog.from_rows(FIXTURE["pg_type"])
-        self.columns: dict[int, list[str]] = {}
-
-    def primary_key(self, relation_id: int) -> list[str]:
-        return ["id"] if "id" in self.columns.get(relation_id, []) else []
-
-    def encoder(self, type_oid: int) -> Callable[[bytes], str]:
-        return self.types.column_encoder(type_oid)
-
-    def json_kind(self, type_oid: int) -> str:
-        return self.types.json_kind(type_oid)
-
-    def type_name(self, type_oid: int) -> str:
-        return str(type_oid)
+from ingest.sources.postgres.values import ValueMappingError
+from tests.unit.sources.postgres.recorded import FixtureCatalog, fixture
 
 
 def replay(step_names: list[str] | None = None) -> list[ChangeEvent | TxnEnd]:
     cat = FixtureCatalog()
     b = ChangeBuilder(cat)
     out: list[ChangeEvent | TxnEnd] = []
-    for step in FIXTURE["steps"]:
+    for step in fixture()["steps"]:
         if step_names and step["name"] not in step_names:
             continue
         for ch in step["changes"]:

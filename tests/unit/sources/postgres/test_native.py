@@ -19,7 +19,7 @@ from ingest.events import ChangeEvent
 from ingest.sources.postgres import native
 from ingest.sources.postgres.changes import ChangeBuilder
 from ingest.sources.postgres.pgoutput import UNCHANGED_TOAST, Relation, Update, decode
-from tests.unit.sources.postgres.test_changes import FIXTURE, FixtureCatalog
+from tests.unit.sources.postgres.recorded import FixtureCatalog, fixture
 
 # Scalar types and how to draw a value's text for each (as the server prints it).
 INT8, FLOAT8, BOOL, TEXT, NUMERIC, JSONB, TIMESTAMPTZ, INT4_ARRAY = 20, 701, 16, 25, 1700, 3802, 1184, 1007
@@ -115,7 +115,7 @@ def both_paths(
 
 
 def test_recorded_server_output_is_decoded_identically() -> None:
-    payloads = [bytes.fromhex(ch["data"]) for step in FIXTURE["steps"] for ch in step["changes"]]
+    payloads = [bytes.fromhex(ch["data"]) for step in fixture()["steps"] for ch in step["changes"]]
     used: list[int] = []
     fast, slow = both_paths(payloads, FixtureCatalog(), used)
     assert fast == slow

@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import struct
-from functools import cache
-from pathlib import Path
-from typing import Any
 
 import pytest
 from hypothesis import given
@@ -34,36 +30,7 @@ from ingest.sources.postgres.pgoutput import (
     decode,
     pg_to_unix_us,
 )
-
-FIXTURE = Path(__file__).with_name("fixtures") / "pgoutput_v1.json"
-
-
-@cache
-def fixture() -> dict[str, Any]:
-    """The recorded steps (see record_fixtures.py)."""
-    data: dict[str, Any] = json.loads(FIXTURE.read_text())
-    return data
-
-
-def raw(step: str, binary: bool = False) -> list[bytes]:
-    """The recorded message bytes of one step, in WAL order."""
-    [rec] = [s for s in fixture()["steps"] if s["name"] == step]
-    return [bytes.fromhex(c["data"]) for c in rec["binary_changes" if binary else "changes"]]
-
-
-def messages(step: str, binary: bool = False) -> list[PgOutputMessage]:
-    """The decoded messages of one step."""
-    return [decode(b) for b in raw(step, binary)]
-
-
-def all_raw() -> list[bytes]:
-    """Every recorded message, text and binary mode."""
-    out = []
-    for rec in fixture()["steps"]:
-        for key in ("changes", "binary_changes"):
-            out += [bytes.fromhex(c["data"]) for c in rec.get(key, [])]
-    return out
-
+from tests.unit.sources.postgres.recorded import all_raw, fixture, messages, raw
 
 SCHEMA = fixture()["schema"]
 

@@ -19,7 +19,7 @@ from ingest.sources.postgres.values import (
     json_keys,
     parse_array_literal,
 )
-from tests.unit.sources.postgres.test_pgoutput import fixture, messages
+from tests.unit.sources.postgres.recorded import fixture, messages
 
 INT4, INT8, TEXT, FLOAT8, NUMERIC, BOOL, TIMESTAMPTZ, BYTEA = 23, 20, 25, 701, 1700, 16, 1184, 17
 INT4_ARRAY, TEXT_ARRAY = 1007, 1009
