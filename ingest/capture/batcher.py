@@ -108,11 +108,14 @@ class TransactionBatcher:
         if self.resume.already_in_bronze(event):
             self.skipped += 1
             return
+        if len(self.pending) >= self.max_events:
+            # A transaction larger than a batch goes to bronze in pages. The page is cut when the
+            # transaction goes on past a full batch, not when the batch fills: a batch that fills
+            # with a transaction's last event ends with that transaction and makes it durable.
+            self.submit(mid_transaction=True)
         if not self.pending:
             self._started = now
         self.pending.append(event)
-        if len(self.pending) >= self.max_events:
-            self.submit(mid_transaction=True)  # a transaction larger than a batch goes to bronze in pages
 
     def end_transaction(self, commit_lsn: int, end_lsn: int, now: float, resume_token: str | None = None) -> None:
         """The transaction at `commit_lsn` is complete; the source may be acknowledged with `end_lsn`."""
