@@ -10,7 +10,7 @@ from types import FrameType
 
 from ingest.bronze.writer import BronzeWriter
 from ingest.config import Config, MongoSource, PostgresSource, SourceConfig
-from ingest.errors import ConfigError
+from ingest.errors import ConfigError, IngestError
 from ingest.sources.base import Source, bronze_status
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,13 @@ def snapshot(cfg: Config, table: str, source: str | None) -> str:
     if len(candidates) > 1:
         names = ", ".join(s.name for s in candidates)
         raise ConfigError(f"{table} is captured by several sources ({names}); pass --source NAME")
-    return candidates[0].request_snapshot(_writer(cfg), table)
+    src = candidates[0]
+    writer_id, start = src.request_snapshot(_writer(cfg), table)
+    return (
+        f"{src.name}: snapshot of {table} requested (writer {writer_id}, starting at "
+        f"{src.format_position(start)}); a running `changelake-ingest run` starts it within seconds, "
+        "otherwise the next `run` (or `run --once`) does"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +107,11 @@ class SourceStatus:
 def status(cfg: Config, source: str | None) -> list[SourceStatus]:
     """The source server's state, then its writers' positions, safe bound and last commit in bronze."""
     writer = _writer(cfg)
-    return [
-        SourceStatus(s.name, s.source_status() + bronze_status(writer, s.name, s.format_position))
-        for s in _selected(cfg, source)
-    ]
+    out = []
+    for s in _selected(cfg, source):
+        try:
+            lines = s.source_status()
+        except IngestError as e:
+            lines = [f"source unreachable: {e}"]
+        out.append(SourceStatus(s.name, lines + bronze_status(writer, s.name, s.format_position)))
+    return out

@@ -35,11 +35,14 @@ class Source(Protocol):
     def captures(self, table: str) -> bool:
         """Whether `table` (`schema.table`, or `database.collection`) is captured by this source."""
 
-    def request_snapshot(self, writer: BronzeWriter, table: str) -> str:
-        """Register an on-demand snapshot of `table`; a running (or the next) `run` performs it."""
+    def request_snapshot(self, writer: BronzeWriter, table: str) -> tuple[str, int]:
+        """Register an on-demand snapshot of `table`; its writer id and start position.
+
+        A running `run` picks it up within seconds, otherwise the next `run` does.
+        """
 
     def source_status(self) -> list[str]:
-        """Status lines of the source server itself (slot, lag, cluster time), or why it is unreachable."""
+        """Status lines of the source server itself (slot, lag, cluster time); IngestError if unreachable."""
 
     def format_position(self, position: int) -> str:
         """A position as this source's users read it (an LSN, a cluster time)."""

@@ -6,7 +6,6 @@ from collections.abc import Callable
 
 from ingest.bronze.writer import BronzeWriter
 from ingest.config import BatchConfig, PostgresSource
-from ingest.errors import IngestError
 from ingest.events import int_to_lsn
 from ingest.progress import Progress
 from ingest.sources.postgres.admin import PostgresAdmin, prepare_source
@@ -56,25 +55,18 @@ class PostgresAdapter:
         """Whether `schema.table` is one of the configured tables."""
         return table in self.src.tables
 
-    def request_snapshot(self, writer: BronzeWriter, table: str) -> str:
-        """Register a snapshot writer for `table` at the safe bound."""
+    def request_snapshot(self, writer: BronzeWriter, table: str) -> tuple[str, int]:
+        """Register a snapshot writer for `table` at the safe bound; its id and start."""
         task = request_snapshot(self.src, writer, table)
-        return (
-            f"{self.name}: snapshot of {table} requested (writer {task.writer_id}, starting at "
-            f"{int_to_lsn(task.durable_lsn)}); a running `changelake-ingest run` starts it within seconds, "
-            "otherwise the next `run` (or `run --once`) does"
-        )
+        return task.writer_id, task.durable_lsn
 
     def source_status(self) -> list[str]:
         """The slot: confirmed position, server position, lag, WAL status, active walsender."""
+        admin = PostgresAdmin(self.src)
         try:
-            admin = PostgresAdmin(self.src)
-            try:
-                h = admin.slot_health()
-            finally:
-                admin.close()
-        except IngestError as e:
-            return [f"source unreachable: {e}"]
+            h = admin.slot_health()
+        finally:
+            admin.close()
         lag = f"{h.lag_bytes:,} bytes" if h.lag_bytes is not None else "n/a (no slot)"
         confirmed = int_to_lsn(h.confirmed_flush_lsn) if h.confirmed_flush_lsn is not None else "n/a"
         lines = [
