@@ -25,8 +25,9 @@ from ingest.bronze.writer import BronzeWriter
 from ingest.config import BatchConfig, MongoSource
 from ingest.events import WriterKind
 from ingest.progress import Progress
-from ingest.sources.mongodb.capture import MongoCapture, parse_stored_token
+from ingest.sources.mongodb.capture import MongoCapture
 from ingest.sources.mongodb.changes import from_ext_json, record_key
+from ingest.sources.mongodb.stream import parse_stored_token
 from tests.conftest import bronze_events
 from tests.delta_rows import read
 from tests.integration.test_dbt_flow import dbt, silver

@@ -32,38 +32,18 @@ from ingest.progress import Progress
 from ingest.sources.mongodb.changes import (
     ChangeMapper,
     Namespace,
-    ext_json,
-    from_ext_json,
     pack_cluster_time,
     resume_token_position,
-    unpack_cluster_time,
 )
 from ingest.sources.mongodb.snapshot import MongoSnapshotter
 from ingest.sources.mongodb.source import StreamHistoryLostError, cluster_time, collections, connect, scope, translate
+from ingest.sources.mongodb.stream import RESUME_AFTER, START_AFTER, open_stream, parse_stored_token, stored_token
 
 log = logging.getLogger(__name__)
 
 SOURCE_KIND = "mongodb"
-RESUME_AFTER = "resumeAfter"
-START_AFTER = "startAfter"
 SNAPSHOT_POLL_S = 0.5
 REQUEST_POLL_S = 5.0  # how often an idle snapshot worker looks for `snapshot` requests in bronze
-
-
-def stored_token(kind: str, token: Mapping[str, Any]) -> str:
-    """The stream writer's `resume_token`: how to reopen, `{"resumeAfter"|"startAfter": <token>}`."""
-    return ext_json({kind: token})
-
-
-def parse_stored_token(text: str | None) -> tuple[str, Mapping[str, Any]] | None:
-    """Inverse of `stored_token`; None for a writer row without one."""
-    if not text:
-        return None
-    d = from_ext_json(text)
-    for kind in (START_AFTER, RESUME_AFTER):
-        if kind in d:
-            return kind, d[kind]
-    raise ValueError(f"not a stored resume token: {text[:200]}")
 
 
 class MongoCapture:
@@ -176,38 +156,7 @@ class MongoCapture:
     def _open(
         self, client: MongoClient[dict[str, Any]], stored: tuple[str, Mapping[str, Any]] | None
     ) -> ChangeStream[Any]:
-        kwargs: dict[str, Any] = {"max_await_time_ms": int(self.src.max_await_seconds * 1000)}
-        if self.src.pre_post_images:
-            kwargs.update(full_document="required", full_document_before_change="whenAvailable")
-        else:
-            kwargs["full_document"] = "updateLookup"
-        if stored is None:
-            kwargs["start_at_operation_time"] = unpack_cluster_time(self.durable_lsn)
-        elif stored[0] == START_AFTER:
-            kwargs["start_after"] = stored[1]
-        else:
-            kwargs["resume_after"] = stored[1]
-        db = client[self.scope.db]
-        pipeline: list[dict[str, Any]] = []
-        if self.scope.coll is None and self.src.collections is not None:
-            colls = list(self.src.collections)
-            pipeline = [
-                {
-                    "$match": {
-                        "$or": [
-                            {"ns.coll": {"$in": colls}},
-                            {"to.coll": {"$in": colls}},
-                            {"operationType": {"$in": ["dropDatabase", "invalidate"]}},
-                        ]
-                    }
-                }
-            ]
-        try:
-            if self.scope.coll is not None:
-                return db[self.scope.coll].watch(pipeline, **kwargs)
-            return db.watch(pipeline, **kwargs)
-        except OperationFailure as e:
-            raise translate(self.src, e) from e
+        return open_stream(client, self.src, self.scope, stored, self.durable_lsn)
 
     def _recover_history_lost(self, client: MongoClient[dict[str, Any]], committer: Committer) -> ChangeEvent:
         """`on_history_lost: resnapshot`: tombstone every collection now; the stream restarts here."""

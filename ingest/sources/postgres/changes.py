@@ -30,7 +30,7 @@ from ingest.sources.postgres.pgoutput import (
     decode,
     pg_to_unix_us,
 )
-from ingest.sources.postgres.values import encode_key, encode_record, json_keys
+from ingest.sources.postgres.rows import encode_key, encode_record, json_keys
 
 _U32: Final = struct.Struct("!I")
 # Message type bytes the compiled decoder takes (pgoutput Insert, Update, Delete), and its actions.

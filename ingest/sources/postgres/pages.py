@@ -19,7 +19,8 @@ from ingest.errors import SourceError
 from ingest.events import SnapshotRow, lsn_to_int
 from ingest.sources.postgres.catalog import TableShape
 from ingest.sources.postgres.replication import safe_dsn, session_conninfo
-from ingest.sources.postgres.values import Encoder, encode_key, encode_record, json_keys
+from ingest.sources.postgres.rows import encode_key, encode_record, json_keys
+from ingest.sources.postgres.values import Encoder
 
 if TYPE_CHECKING:
     from ingest.sources.postgres.snapshot import SnapshotTask

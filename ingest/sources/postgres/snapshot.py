@@ -11,6 +11,9 @@ Each table snapshot is a writer in bronze.stream_positions (`snapshot-<id>`). It
 the source's current safe bound, raised to each page's watermark after the page is committed to
 bronze, and removed when the snapshot completes. A crashed snapshot resumes after its last
 durable page; the page rows in bronze, not the writer row, say where that is.
+
+Reading a page is `pages.py`'s, the table's shape `catalog.py`'s, the keys silver asks to
+re-read `rereads.py`'s; this module registers, runs, resumes and retires the snapshots.
 """
 
 from __future__ import annotations
@@ -33,10 +36,7 @@ from ingest.sources.postgres.admin import PostgresAdmin
 from ingest.sources.postgres.catalog import estimate_rows, table_shape
 from ingest.sources.postgres.pages import Hook, PageReader
 from ingest.sources.postgres.rereads import RereadKeys
-from ingest.sources.postgres.values import (
-    TYPE_CATALOG_SQL,
-    TypeCatalog,
-)
+from ingest.sources.postgres.values import TYPE_CATALOG_SQL, TypeCatalog
 
 log = logging.getLogger(__name__)
 

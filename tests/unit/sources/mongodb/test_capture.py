@@ -19,15 +19,10 @@ from ingest.config import BatchConfig, MongoSource
 from ingest.errors import SourceError
 from ingest.events import Action
 from ingest.progress import Progress
-from ingest.sources.mongodb.capture import (
-    RESUME_AFTER,
-    START_AFTER,
-    MongoCapture,
-    parse_stored_token,
-    stored_token,
-)
+from ingest.sources.mongodb.capture import MongoCapture
 from ingest.sources.mongodb.changes import from_ext_json
 from ingest.sources.mongodb.source import StreamHistoryLostError, scope, translate
+from ingest.sources.mongodb.stream import RESUME_AFTER, START_AFTER, parse_stored_token, stored_token
 from tests.unit.sources.mongodb.documents import LSID, T0, event, in_txn, insert, token
 
 LSN = T0 << 32

@@ -10,13 +10,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ingest.sources.postgres.pgoutput import UNCHANGED_TOAST, Insert, Relation, Update, decode
+from ingest.sources.postgres.rows import encode_key, encode_record, json_keys
 from ingest.sources.postgres.values import (
     TYPE_CATALOG_SQL,
     TypeCatalog,
     ValueMappingError,
-    encode_key,
-    encode_record,
-    json_keys,
     parse_array_literal,
 )
 from tests.unit.sources.postgres.recorded import fixture, messages
