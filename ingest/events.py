@@ -17,6 +17,13 @@ class Action(StrEnum):
     MESSAGE = "message"
 
 
+class SourceKind(StrEnum):
+    """Which kind of source wrote a bronze row (bronze `source_kind`)."""
+
+    POSTGRES = "postgres"
+    MONGODB = "mongodb"
+
+
 class WriterKind(StrEnum):
     """Which kind of writer appends to bronze for a source (DESIGN §4)."""
 

@@ -23,10 +23,10 @@ from pymongo.errors import OperationFailure
 
 from ingest.bronze.committer import Batch, Committer
 from ingest.bronze.writer import BronzeWriter
-from ingest.capture.batcher import CommitSink, Resume, TransactionBatcher, boundary_position
+from ingest.capture.batcher import CommitSink, Resume, TransactionBatcher
 from ingest.capture.snapshots import SnapshotThread
 from ingest.config import BatchConfig, MongoSource
-from ingest.events import Action, ChangeEvent, WriterKind, WriterPosition
+from ingest.events import Action, ChangeEvent, SourceKind, WriterKind, WriterPosition
 from ingest.positions import STREAM_WRITER_ID, SnapshotProgress, SourcePositions
 from ingest.progress import Progress
 from ingest.sources.mongodb.changes import (
@@ -41,7 +41,6 @@ from ingest.sources.mongodb.stream import RESUME_AFTER, START_AFTER, open_stream
 
 log = logging.getLogger(__name__)
 
-SOURCE_KIND = "mongodb"
 SNAPSHOT_POLL_S = 0.5
 REQUEST_POLL_S = 5.0  # how often an idle snapshot worker looks for `snapshot` requests in bronze
 
@@ -82,9 +81,9 @@ class MongoCapture:
         if mine is not None:
             self.durable_lsn = mine.durable_lsn
             return parse_stored_token(mine.resume_token)
-        # A new writer starts at the server's current cluster time: the stream begins there, and an
-        # event at exactly that time is still to come (a boundary, as batcher.py explains).
-        self.durable_lsn = boundary_position(pack_cluster_time(cluster_time(client)))
+        # A new writer starts at the server's current cluster time: the time of the newest write it
+        # has applied, so an event at exactly that time happened before (the snapshots cover it).
+        self.durable_lsn = pack_cluster_time(cluster_time(client))
         self._raise_row(None)
         return None
 
@@ -192,7 +191,7 @@ class MongoCapture:
         committer = Committer(
             self.writer,
             self.src.name,
-            SOURCE_KIND,
+            SourceKind.MONGODB,
             STREAM_WRITER_ID,
             WriterKind.STREAM,
             self.started_at,

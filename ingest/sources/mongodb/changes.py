@@ -23,6 +23,7 @@ from bson.json_util import JSONMode, JSONOptions
 from bson.timestamp import Timestamp
 
 from ingest.events import Action, ChangeEvent
+from ingest.sources.mongodb import compat
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +164,7 @@ class ChangeMapper:
         ns = doc.get("ns")
         if isinstance(ns, Mapping) and ns.get("db"):
             return Namespace(str(ns["db"]), str(ns["coll"]) if ns.get("coll") is not None else None)
-        return self.scope  # a collection stream's own namespace (mongo-java-server sends no `ns`)
+        return self.scope  # a collection stream's own namespace (a server that sends no `ns`: compat.py)
 
     def feed(self, doc: Mapping[str, Any]) -> MappedChange:
         """Map one change-stream document (as pymongo returns it)."""
@@ -200,8 +201,8 @@ class ChangeMapper:
     def _row_event(self, doc: Mapping[str, Any], op: OperationType, ns: Namespace, base: dict[str, Any]) -> ChangeEvent:
         key = doc.get("documentKey") or {}
         full = doc.get("fullDocument")
-        if "_id" not in key and isinstance(full, Mapping) and "_id" in full:
-            key = {"_id": full["_id"]}  # mongo-java-server sends an update's operator as documentKey
+        if "_id" not in key:
+            key = compat.key_from_full_document(doc) or key
         if "_id" not in key:
             raise ValueError(f"{op} event without documentKey._id at clusterTime {base['commit_lsn']}")
         before = doc.get("fullDocumentBeforeChange")

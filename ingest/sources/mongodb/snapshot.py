@@ -25,14 +25,14 @@ from pymongo.errors import OperationFailure
 from ingest.bronze.writer import BronzeWriter
 from ingest.config import MongoSource
 from ingest.errors import SourceError
-from ingest.events import SnapshotPage, SnapshotRow, WriterKind, WriterPosition
+from ingest.events import SnapshotPage, SnapshotRow, SourceKind, WriterKind, WriterPosition
 from ingest.positions import SnapshotProgress, SourcePositions
+from ingest.sources.mongodb import compat
 from ingest.sources.mongodb.changes import Namespace, ext_json, from_ext_json, pack_cluster_time, record_key
 from ingest.sources.mongodb.source import cluster_time
 
 log = logging.getLogger(__name__)
 
-SOURCE_KIND = "mongodb"
 SNAPSHOT_READ_CONCERN = {"level": "snapshot"}
 
 
@@ -84,7 +84,7 @@ class MongoSnapshotter:
         self._check_key_types()
         while not should_stop():
             page = self._read_page(page_number, after)
-            self.writer.append_page(self.src.name, SOURCE_KIND, self.writer_id, page)
+            self.writer.append_page(self.src.name, SourceKind.MONGODB, self.writer_id, page)
             self.state = replace(self.state, pages=page_number + 1, rows=self.state.rows + len(page.rows))
             if page.last_page:
                 self.writer.remove_writer(self.src.name, self.writer_id)
@@ -179,17 +179,9 @@ class MongoSnapshotter:
         )
 
     def _fallback_cluster_time(self) -> Timestamp:
-        """A server that ignores `readConcern: snapshot` (mongo-java-server): its cluster time after the read.
-
-        That is a high watermark, not a snapshot time: exact only if no write races the read.
-        MongoDB itself always returns `atClusterTime` for snapshot reads.
-        """
+        """A server that ignores `readConcern: snapshot` (compat.py): its cluster time after the read."""
         if not self._warned_no_cluster_time:
-            log.warning(
-                "source=%s: the server returned no atClusterTime for a snapshot read; using its cluster time "
-                "after the read (not a consistent snapshot: a write racing the read may be ordered wrongly)",
-                self.src.name,
-            )
+            compat.warn_no_snapshot_time(self.src.name)
             self._warned_no_cluster_time = True
         return cluster_time(self.client)
 

@@ -11,6 +11,7 @@ from pymongo.errors import OperationFailure, PyMongoError
 
 from ingest.config import MongoSource
 from ingest.errors import SourceError
+from ingest.sources.mongodb import compat
 from ingest.sources.mongodb.changes import Namespace
 
 log = logging.getLogger(__name__)
@@ -66,10 +67,9 @@ def cluster_time(client: MongoClient[dict[str, Any]]) -> Timestamp:
     op_time = reply.get("operationTime")
     if isinstance(op_time, Timestamp):
         return op_time
-    newest = client.local["oplog.rs"].find_one({}, sort=[("$natural", -1)], projection={"ts": 1})
-    if newest is not None and isinstance(newest.get("ts"), Timestamp):
-        ts: Timestamp = newest["ts"]
-        return ts
+    newest = compat.newest_oplog_time(client)
+    if newest is not None:
+        return newest
     raise SourceError(
         "MongoDB reports no cluster time and has no oplog: change streams need a replica set or a sharded "
         "cluster (a standalone mongod can be converted to a one-member replica set, see docs/mongodb.md)"

@@ -19,7 +19,7 @@ from ingest.bronze.writer import BronzeWriter
 from ingest.capture.batcher import Resume, TransactionBatcher, boundary_position
 from ingest.capture.snapshots import SnapshotThread
 from ingest.config import BatchConfig, PostgresSource
-from ingest.events import WriterKind, WriterPosition
+from ingest.events import SourceKind, WriterKind, WriterPosition
 from ingest.positions import STREAM_WRITER_ID, SourcePositions
 from ingest.progress import Progress
 from ingest.sources.postgres.admin import DRAIN_PREFIX, HEARTBEAT_PREFIX, PostgresAdmin, prepare_source
@@ -116,7 +116,7 @@ class PostgresCapture:
             committer = Committer(
                 self.writer,
                 self.src.name,
-                "postgres",
+                SourceKind.POSTGRES,
                 STREAM_WRITER_ID,
                 WriterKind.STREAM,
                 self.started_at,

@@ -29,7 +29,7 @@ from ingest import faults
 from ingest.bronze.writer import BronzeWriter
 from ingest.config import PostgresSource
 from ingest.errors import SourceError
-from ingest.events import SnapshotPage, WriterKind, WriterPosition
+from ingest.events import SnapshotPage, SourceKind, WriterKind, WriterPosition
 from ingest.positions import SnapshotProgress, SourcePositions, snapshot_writer_id
 from ingest.progress import Progress
 from ingest.sources.postgres.admin import PostgresAdmin
@@ -258,7 +258,7 @@ class Snapshotter:
             hw = reader.watermark(task, page)
             self.writer.append_page(
                 self.src.name,
-                "postgres",
+                SourceKind.POSTGRES,
                 task.writer_id,
                 SnapshotPage(
                     task.snapshot_id,
