@@ -1,6 +1,7 @@
+{#- No unique_key: an append ignores it. The query makes the event key unique (deduplicated,
+    only positions above the loaded one) and the yml tests it. -#}
 {{
     config(
-        unique_key=['source', 'commit_lsn', 'commit_index'],
         incremental_strategy='append',
         partition_by=['source'],
     )
@@ -10,31 +11,7 @@
 -- already holds and at or below the source's safe bound, so a later run never meets an event
 -- older than one it has numbered, and seq is never reused or renumbered.
 
-{% if is_incremental() %}
-    {#- Where each source stands, looked up before the main query is planned (literals, so that
-        Delta skips the bronze files outside each source's (loaded position, safe bound] window;
-        the joins below still decide exactly). Parse time and unit tests keep the plain queries. -#}
-    {%- set loaded_positions_query -%}
-        select
-            source,
-            max(seq) as max_seq,
-            max_by(commit_lsn, seq) as max_commit_lsn,
-            max_by(commit_index, seq) as max_commit_index
-        from {{ this }}
-        group by source
-    {%- endset -%}
-    {%- set loaded_rows = query_rows_at_execution(loaded_positions_query) -%}
-    {%- set safe_bound_rows = query_rows_at_execution('select source, safe_lsn from ' ~ ref('safe_bounds')) -%}
-    {%- set scan_ranges = [] -%}
-    {%- for bound in safe_bound_rows or [] -%}
-        {%- set loaded = (loaded_rows | selectattr('source', 'equalto', bound.source) | list) -%}
-        {%- do scan_ranges.append({
-            'source': bound.source,
-            'low': loaded[0].get('max_commit_lsn') if loaded else none,
-            'high': bound.get('safe_lsn'),
-        }) -%}
-    {%- endfor -%}
-{% endif %}
+{%- set bounds = sequin_events_scan_bounds() %}
 
 with
 
@@ -54,12 +31,12 @@ safe_bounds as (
     loaded_positions as (
 
         -- seq increases with position, so the max-seq row holds the source's max position.
-        {{ rows_as_relation(loaded_rows, [
+        {{ rows_as_relation(bounds.loaded_rows, [
             ['source', 'string'],
             ['max_seq', 'bigint'],
             ['max_commit_lsn', 'bigint'],
             ['max_commit_index', 'int'],
-        ], loaded_positions_query) }}
+        ], bounds.loaded_positions_query) }}
 
     ),
 {% endif %}
@@ -74,8 +51,8 @@ change_events as (
     where
         wal_events.action in ('insert', 'update', 'delete', 'truncate')
         and wal_events.commit_lsn <= safe_bounds.safe_lsn
-    {% if is_incremental() and safe_bound_rows is not none %}
-        and {{ source_ranges_predicate('wal_events', 'commit_lsn', scan_ranges) }}
+    {% if bounds.wal_events_filter is not none %}
+        and {{ bounds.wal_events_filter }}
     {% endif %}
 
 ),

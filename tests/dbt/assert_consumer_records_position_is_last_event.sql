@@ -19,25 +19,9 @@ consumer_records as (
 
 key_events as (
 
-    select
-        source,
-        table_schema,
-        table_name,
-        record_pk,
-        commit_lsn,
-        commit_index
-    from sequin_events
-    where action in ('insert', 'update', 'delete')
-    union all
-    select
-        source,
-        table_schema,
-        table_name,
-        old_record_pk as record_pk,
-        commit_lsn,
-        commit_index
-    from sequin_events
-    where action = 'update' and old_record_pk is not null and old_record_pk != record_pk
+    {{ event_keys(
+        'sequin_events', ['source', 'table_schema', 'table_name', 'commit_lsn', 'commit_index']
+    ) }}
 
 ),
 

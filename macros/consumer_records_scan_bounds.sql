@@ -1,0 +1,97 @@
+{% macro consumer_records_scan_bounds() %}
+    {#-
+        The lookups model consumer_records turns into literals, run before its main query is
+        planned (query_rows_at_execution), so that Delta skips the sequin_events files already
+        folded, the snapshot rows already folded and the stored partitions the run does not touch.
+        Returns a dict:
+        - stored_positions_query: per source the max seq and max commit_lsn stored in {{ this }};
+        - stored_rows: its rows, or none (a full build, parse time, unit tests);
+        and, when stored_rows is not none:
+        - stored_sources_events_filter / other_sources_events_filter: predicates on alias
+          sequin_events keeping the events above the stored max seq of a source with stored rows /
+          the events of every other source;
+        - stored_sources_snapshot_rows_filter / other_sources_snapshot_rows_filter: predicates on
+          alias snapshot_rows_placed keeping the rows at or above the stored max commit_lsn of a
+          source with stored rows / the rows of every other source;
+        - touched_partitions: the (source, table_schema, table_name) the run changes: tables of new
+          events, truncated tables, tables of new snapshot rows.
+        The model's joins still decide exactly; the literals only prune.
+    -#}
+    {%- set stored_positions_query -%}
+        -- Every applied event left its seq on some row, so events up to the source's max seq here
+        -- are folded in; likewise the placed snapshot rows up to its max commit_lsn.
+        select
+            source,
+            max(seq) as max_seq,
+            max(commit_lsn) as max_commit_lsn
+        from {{ this }}
+        group by source
+    {%- endset -%}
+    {%- set bounds = {'stored_positions_query': stored_positions_query, 'stored_rows': none} -%}
+    {%- set stored_rows = query_rows_at_execution(stored_positions_query) if is_incremental() else none -%}
+    {%- if stored_rows is none -%}
+        {{ return(bounds) }}
+    {%- endif -%}
+
+    {%- set event_ranges = [] -%}
+    {%- set snapshot_row_ranges = [] -%}
+    {%- for stored in stored_rows -%}
+        {#- seq is unique: the first unfolded event is max_seq + 1 (an inclusive max_seq would keep
+            every file holding the last folded event). -#}
+        {%- do event_ranges.append({
+            'source': stored.source,
+            'low': stored.max_seq + 1 if stored.get('max_seq') is not none else none,
+            'high': none,
+        }) -%}
+        {%- do snapshot_row_ranges.append({
+            'source': stored.source, 'low': stored.get('max_commit_lsn'), 'high': none,
+        }) -%}
+    {%- endfor -%}
+    {%- set stored_sources_events_filter = source_ranges_predicate('sequin_events', 'seq', event_ranges) -%}
+    {%- set other_sources_events_filter = 'not ' ~ partitions_predicate('sequin_events', ['source'], stored_rows) -%}
+    {%- set stored_sources_snapshot_rows_filter = source_ranges_predicate(
+        'snapshot_rows_placed', 'commit_lsn', snapshot_row_ranges) -%}
+    {%- set other_sources_snapshot_rows_filter = 'not ' ~ partitions_predicate(
+        'snapshot_rows_placed', ['source'], stored_rows) -%}
+    {%- set touched_partitions_query -%}
+        with new_events as (
+            select source, table_schema, table_name, action, truncated_tables
+            from {{ ref('sequin_events') }} as sequin_events
+            where {{ stored_sources_events_filter }}
+            union all
+            select source, table_schema, table_name, action, truncated_tables
+            from {{ ref('sequin_events') }} as sequin_events
+            where {{ other_sources_events_filter }}
+        ),
+        new_snapshot_rows as (
+            select source, table_schema, table_name, is_superseded
+            from {{ ref('snapshot_rows_placed') }} as snapshot_rows_placed
+            where {{ stored_sources_snapshot_rows_filter }}
+            union all
+            select source, table_schema, table_name, is_superseded
+            from {{ ref('snapshot_rows_placed') }} as snapshot_rows_placed
+            where {{ other_sources_snapshot_rows_filter }}
+        )
+        select new_events.source, new_events.table_schema, new_events.table_name
+        from new_events
+        where new_events.action != 'truncate'
+        union
+        select new_events.source, {{ truncated_table_parts('truncated.truncated_table') }}
+        from new_events
+            lateral view explode(new_events.truncated_tables) truncated as truncated_table
+        where new_events.action = 'truncate'
+        union
+        select new_snapshot_rows.source, new_snapshot_rows.table_schema, new_snapshot_rows.table_name
+        from new_snapshot_rows
+        where not new_snapshot_rows.is_superseded
+    {%- endset -%}
+    {%- do bounds.update({
+        'stored_rows': stored_rows,
+        'stored_sources_events_filter': stored_sources_events_filter,
+        'other_sources_events_filter': other_sources_events_filter,
+        'stored_sources_snapshot_rows_filter': stored_sources_snapshot_rows_filter,
+        'other_sources_snapshot_rows_filter': other_sources_snapshot_rows_filter,
+        'touched_partitions': query_rows_at_execution(touched_partitions_query),
+    }) -%}
+    {{ return(bounds) }}
+{% endmacro %}

@@ -1,0 +1,48 @@
+{% macro snapshot_rows_placed_scan_bounds() %}
+    {#-
+        The lookups model snapshot_rows_placed turns into literals, run before its main query is
+        planned (query_rows_at_execution). Returns a dict:
+        - placed_positions_query: per source the highest watermark already placed ({{ this }});
+        - placed_rows: its rows, or none (a full build, parse time, unit tests);
+        - new_pages_filter: a predicate on alias snapshot_pages keeping, per source, watermarks
+          between the highest placed one and the safe bound (none when placed_rows is none);
+        - page_events_filter: a predicate on alias sequin_events keeping, per source, events at or
+          below the highest watermark of those new pages, the only events that can supersede a
+          page row (none when placed_rows is none; `false` when there is no new page).
+        The model's joins still decide exactly; the literals only prune.
+    -#}
+    {%- set placed_positions_query -%}
+        select
+            source,
+            max(commit_lsn) as max_commit_lsn
+        from {{ this }}
+        group by source
+    {%- endset -%}
+    {%- set bounds = {
+        'placed_positions_query': placed_positions_query,
+        'placed_rows': none,
+        'new_pages_filter': none,
+        'page_events_filter': none,
+    } -%}
+    {%- if is_incremental() -%}
+        {%- set placed_rows = query_rows_at_execution(placed_positions_query) -%}
+        {%- if placed_rows is not none -%}
+            {%- set safe_bound_rows = query_rows_at_execution('select source, safe_lsn from ' ~ ref('safe_bounds')) -%}
+            {%- set page_ranges = source_ranges(safe_bound_rows, 'safe_lsn', placed_rows, 'max_commit_lsn') -%}
+            {%- set new_pages_filter = source_ranges_predicate('snapshot_pages', 'high_watermark_lsn', page_ranges) -%}
+            {%- set page_bounds_query -%}
+                select snapshot_pages.source, max(snapshot_pages.high_watermark_lsn) as high
+                from {{ source('bronze', 'snapshot_pages') }} as snapshot_pages
+                where {{ new_pages_filter }} and snapshot_pages.record_pk is not null
+                group by snapshot_pages.source
+            {%- endset -%}
+            {%- set page_event_ranges = query_rows_at_execution(page_bounds_query) -%}
+            {%- do bounds.update({
+                'placed_rows': placed_rows,
+                'new_pages_filter': new_pages_filter,
+                'page_events_filter': source_ranges_predicate('sequin_events', 'commit_lsn', page_event_ranges),
+            }) -%}
+        {%- endif -%}
+    {%- endif -%}
+    {{ return(bounds) }}
+{% endmacro %}
