@@ -15,39 +15,21 @@ sequin_events as (
 
 ),
 
-stream_positions as (
+snapshot_progress as (
 
-    select * from {{ source('bronze', 'stream_positions') }}
-
-),
-
-snapshot_pages as (
-
-    select * from {{ source('bronze', 'snapshot_pages') }}
+    select * from {{ ref('snapshot_progress') }}
 
 ),
 
-running_snapshots as (
-
-    -- A snapshot writer's resume_token carries its progress (docs/snapshots.md).
-    select
-        source,
-        count(*) as snapshots_running,
-        sum(cast(get_json_object(resume_token, '$.rows') as bigint)) as snapshot_rows_read,
-        sum(cast(get_json_object(resume_token, '$.estimated_rows') as bigint)) as snapshot_rows_estimated
-    from stream_positions
-    where writer_kind = 'snapshot'
-    group by source
-
-),
-
-completed_snapshots as (
+snapshot_activity as (
 
     select
         source,
-        count(distinct snapshot_id) as snapshots_completed
-    from snapshot_pages
-    where last_page
+        count_if(is_running) as snapshots_running,
+        sum(case when is_running then rows_read end) as snapshot_rows_read,
+        sum(case when is_running then estimated_rows end) as snapshot_rows_estimated,
+        count_if(is_completed) as snapshots_completed
+    from snapshot_progress
     group by source
 
 ),
@@ -81,18 +63,16 @@ final as (
         coalesce(event_activity.events_last_hour, 0) as events_last_hour,
         safe_bounds.writer_count,
         safe_bounds.positions_updated_at,
-        coalesce(running_snapshots.snapshots_running, 0) as snapshots_running,
-        coalesce(running_snapshots.snapshot_rows_read, 0) as snapshot_rows_read,
-        running_snapshots.snapshot_rows_estimated,
-        coalesce(completed_snapshots.snapshots_completed, 0) as snapshots_completed,
+        coalesce(snapshot_activity.snapshots_running, 0) as snapshots_running,
+        coalesce(snapshot_activity.snapshot_rows_read, 0) as snapshot_rows_read,
+        snapshot_activity.snapshot_rows_estimated,
+        coalesce(snapshot_activity.snapshots_completed, 0) as snapshots_completed,
         current_timestamp() as measured_at
     from safe_bounds
     left join event_activity
         on safe_bounds.source = event_activity.source
-    left join running_snapshots
-        on safe_bounds.source = running_snapshots.source
-    left join completed_snapshots
-        on safe_bounds.source = completed_snapshots.source
+    left join snapshot_activity
+        on safe_bounds.source = snapshot_activity.source
 
 )
 
