@@ -55,7 +55,7 @@ class DatabricksDispatch(BaseDatabaseWrapper):
 
 
 def resolve_merge(root_macros: dict[str, Any]) -> Any:
-    adapters = {
+    adapters: dict[str, Any] = {
         "databricks__get_merge_sql": "dbt-databricks",
         "spark__get_merge_sql": "dbt-spark",
         "default__get_merge_sql": "dbt-core",
@@ -67,7 +67,7 @@ def resolve_merge(root_macros: dict[str, Any]) -> Any:
 
 
 def test_dbt_databricks_dispatch_finds_the_project_merge() -> None:
-    root = {name: f"project:{path.name}" for name, path in project_macros().items()}
+    root: dict[str, Any] = {name: f"project:{path.name}" for name, path in project_macros().items()}
     assert resolve_merge(root) == "project:databricks__get_merge_sql.sql"
     del root["databricks__get_merge_sql"]
     assert resolve_merge(root) == "dbt-databricks", "without it dbt-databricks' unguarded merge wins"
