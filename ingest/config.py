@@ -50,7 +50,13 @@ class SnapshotSettings(_Strict):
 
 
 class PostgresSource(_Strict):
-    """A Postgres source: a pgoutput slot over a publication of the listed tables."""
+    """A Postgres source: a pgoutput slot over a publication of the listed tables.
+
+    `on_history_lost`: what a slot that no longer continues where bronze left off does (it was
+    invalidated, dropped and recreated, or advanced by someone else: the changes in between are
+    gone), `fail` (an error saying how to recover) or `resnapshot` (a new slot if the old one is
+    invalidated, every table tombstoned at the slot's position, then snapshotted afresh).
+    """
 
     kind: Literal["postgres"]
     name: str
@@ -61,6 +67,7 @@ class PostgresSource(_Strict):
     create_publication: bool = True
     heartbeat_seconds: Annotated[float, Field(gt=0)] = 30.0
     snapshot: SnapshotSettings = Field(default_factory=SnapshotSettings)
+    on_history_lost: Literal["fail", "resnapshot"] = "fail"
 
     @field_validator("name")
     @classmethod

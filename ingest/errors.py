@@ -19,5 +19,9 @@ class SlotInvalidatedError(SourceError):
     """The replication slot lost WAL it needed (wal_status = lost); a re-snapshot is required."""
 
 
+class SlotGapError(SourceError):
+    """The slot no longer continues where bronze left off (dropped and recreated, advanced, restored)."""
+
+
 class BronzeWriteError(IngestError):
     """A Delta commit to bronze failed; the source was not acknowledged past durable data."""

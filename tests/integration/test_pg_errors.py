@@ -147,8 +147,14 @@ def test_invalidated_slot_says_how_to_recover(scratch_cluster: tuple[str, Path])
         c.execute("checkpoint")
         status = c.execute("select wal_status from pg_replication_slots where slot_name = 'changelake_lost'").fetchone()
     assert status is not None and status[0] == "lost"
-    with pytest.raises(SlotInvalidatedError, match=r"pg_drop_replication_slot\('changelake_lost'\).*re-snapshot"):
+    with pytest.raises(SlotInvalidatedError, match=r"changelake_lost.*invalidated.*on_history_lost: resnapshot"):
         prepare(src)
+    # With the recovery configured, the invalidated slot is replaced by a new one (W7: the capture
+    # then tombstones and re-snapshots: test_pg_continuity.py).
+    prepare(src.model_copy(update={"on_history_lost": "resnapshot"}))
+    with psycopg.connect(dsn, autocommit=True) as c:
+        status = c.execute("select wal_status from pg_replication_slots where slot_name = 'changelake_lost'").fetchone()
+    assert status is not None and status[0] != "lost"
 
 
 def test_server_without_logical_wal_level(scratch_cluster: tuple[str, Path]) -> None:

@@ -19,7 +19,8 @@ from ingest.bronze.writer import BronzeWriter
 from ingest.capture.batcher import Resume, TransactionBatcher, boundary_position
 from ingest.capture.snapshots import SnapshotThread
 from ingest.config import BatchConfig, PostgresSource
-from ingest.events import SourceKind, WriterKind, WriterPosition
+from ingest.errors import SlotGapError
+from ingest.events import Action, ChangeEvent, SourceKind, WriterKind, WriterPosition, int_to_lsn
 from ingest.positions import STREAM_WRITER_ID, SourcePositions
 from ingest.progress import Progress
 from ingest.sources.postgres.admin import DRAIN_PREFIX, HEARTBEAT_PREFIX, PostgresAdmin, prepare_source
@@ -32,6 +33,7 @@ from ingest.sources.postgres.snapshot import Snapshotter
 log = logging.getLogger(__name__)
 
 READ_TIMEOUT_S = 0.2
+HISTORY_LOST_PREFIX = "changelake.historyLost"  # message_prefix of the tombstone a gap recovery writes
 STATUS_INTERVAL_S = 10.0  # standby status updates even when the server does not ask
 # ... and while a submit waits for a slow commit: well inside wal_sender_timeout (60 s default)
 KEEPALIVE_WHILE_WAITING_S = 5.0
@@ -84,6 +86,7 @@ class PostgresCapture:
         mine = positions.stream
         if mine is not None:
             self.durable_lsn, self.ack_lsn = mine.durable_lsn, mine.ack_lsn
+            self._check_continuity(admin, mine)
             return
         # A new writer starts where the slot starts: nothing before it will ever be sent. The slot's
         # position is a boundary: a transaction committing exactly there is still to come.
@@ -93,6 +96,67 @@ class PostgresCapture:
             WriterPosition(self.src.name, STREAM_WRITER_ID, WriterKind.STREAM, self.durable_lsn, self.ack_lsn),
             self.started_at,
         )
+
+    def _check_continuity(self, admin: PostgresAdmin, mine: WriterPosition) -> None:
+        """The slot must continue where bronze left off (review finding D2); else fail, or recover.
+
+        Two ways it does not: the server's WAL is behind what bronze holds (the source was restored,
+        or failed over to a replica that was behind: its LSNs will repeat, so nothing can be ordered
+        after bronze), or the slot's confirmed position is past what ingest ever acknowledged (the slot
+        was dropped and recreated, invalidated and recreated, or advanced by someone else: the changes
+        in between are gone). Ingest only ever acknowledges what its row records, so neither happens
+        in its own operation.
+        """
+        h = admin.slot_health()
+        name, slot = self.src.name, self.src.slot_name
+        if h.current_wal_lsn < mine.durable_lsn:
+            raise SlotGapError(
+                f"source {name!r}: the server's WAL position {int_to_lsn(h.current_wal_lsn)} is behind what bronze "
+                f"already holds ({int_to_lsn(mine.durable_lsn)}): the database was restored or failed over to a "
+                "replica that was behind, and its new changes would reuse positions bronze has. Capture it as a new "
+                "source (a new `name`: a fresh slot, publication and snapshot), and retire the old source's rows."
+            )
+        if h.confirmed_flush_lsn is None or h.confirmed_flush_lsn <= mine.ack_lsn:
+            return
+        gap = (
+            f"source {name!r}: slot {slot!r} starts at {int_to_lsn(h.confirmed_flush_lsn)}, past what bronze "
+            f"acknowledged ({int_to_lsn(mine.ack_lsn)}): the slot was dropped and recreated, or advanced by another "
+            "client, and the changes in between are not in bronze"
+        )
+        if self.src.on_history_lost != "resnapshot":
+            raise SlotGapError(
+                gap + ". Recover: set `on_history_lost: resnapshot` on the source and run again (it tombstones every "
+                "table at the slot's position and snapshots them afresh)."
+            )
+        log.warning("%s; tombstoning and re-snapshotting every table", gap)
+        self._recover_gap(admin, h.confirmed_flush_lsn)
+
+    def _recover_gap(self, admin: PostgresAdmin, slot_start: int) -> None:
+        """Tombstone every table just below the slot's start, move the stream row there, re-snapshot.
+
+        The tombstone (a truncate of every table) sorts after everything bronze holds and before
+        anything the slot will send, so a row deleted during the gap ends deleted in silver and
+        every row that exists comes back from the snapshots (DESIGN §5 places their pages).
+        """
+        at = boundary_position(slot_start)
+        first_schema, first_table = self.src.tables[0].split(".", 1)
+        tombstone = ChangeEvent(
+            commit_lsn=at,
+            commit_index=0,
+            xid=0,
+            commit_ts_us=int(time.time() * 1_000_000),
+            action=Action.TRUNCATE,
+            table_schema=first_schema,
+            table_name=first_table,
+            truncated_tables=tuple(self.src.tables),
+            message_prefix=HISTORY_LOST_PREFIX,
+        )
+        self.writer.append_events(self.src.name, SourceKind.POSTGRES, STREAM_WRITER_ID, [tombstone], {at: slot_start})
+        self.durable_lsn, self.ack_lsn = at, slot_start
+        self.writer.raise_position(
+            WriterPosition(self.src.name, STREAM_WRITER_ID, WriterKind.STREAM, at, slot_start), self.started_at
+        )
+        self.snapshotter.request(list(self.src.tables), lambda: admin.slot_health().current_wal_lsn)
 
     def run(self, once: bool, should_stop: Callable[[], bool]) -> None:
         """Capture until `should_stop()` (or, with `once`, until the source's current position)."""
