@@ -5,15 +5,20 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from types import FrameType
+from typing import TypeVar
 
 from ingest.bronze.writer import BronzeWriter
-from ingest.config import Config, MongoSource, PostgresSource, SourceConfig
+from ingest.capture.retry import retrying
+from ingest.config import RUN_ONCE_MAX_SECONDS, Config, MongoSource, PostgresSource, SourceConfig
 from ingest.errors import ConfigError, IngestError
 from ingest.sources.base import Source, bronze_status
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # The decoder thread holds the GIL almost all the time; the commit thread needs it for short
 # stretches between delta-rs calls (building Arrow columns), and by default waits up to 5 ms for
@@ -64,12 +69,21 @@ def run(cfg: Config, once: bool, source: str | None) -> list[str]:
     sources = _selected(cfg, source)
     if len(sources) > 1 and not once:
         raise ConfigError("continuous run captures one source per process; pass --source NAME")
-    for s in sources:  # fail fast on every source before touching bronze
-        s.check()
+    stop = _StopFlag()
+    max_seconds = cfg.retry.max_seconds or (RUN_ONCE_MAX_SECONDS if once else None)
+
+    def retried(attempt: Callable[[], T], s: Source) -> T:
+        # A source that is down is waited for (ingest/capture/retry.py); a permanent error is not.
+        return retrying(attempt, s.name, stop, max_seconds, cfg.retry.max_delay_seconds)
+
+    for s in sources:  # fail fast on a misconfigured source before touching bronze
+        retried(s.check, s)
     writer = _writer(cfg)
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    stop = _StopFlag()
-    return [line for s in sources for line in s.run(cfg.batch, writer, once, stop)]
+    lines: list[str] = []
+    for s in sources:
+        lines += retried(partial(s.run, cfg.batch, writer, once, stop), s)
+    return lines
 
 
 def setup(cfg: Config, source: str | None) -> list[str]:

@@ -8,13 +8,14 @@ import os
 import sys
 
 from ingest.config import load_config
-from ingest.errors import IngestError
+from ingest.errors import IngestError, RetriesExhaustedError, SourceUnavailableError
 
 DEFAULT_CONFIG_ENV = "CHANGELAKE_CONFIG"
 DEFAULT_CONFIG = "changelake.yml"
-EXIT_USER_ERROR = 2
-log = logging.getLogger("ingest.cli")
 EXIT_INTERNAL_ERROR = 1
+EXIT_USER_ERROR = 2
+EXIT_TEMPFAIL = 75  # sysexits.h EX_TEMPFAIL: a source is unreachable; the same command later may succeed
+log = logging.getLogger("ingest.cli")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -66,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"source {st.source}")
                 for line in st.lines:
                     print(f"  {line}")
+    except (RetriesExhaustedError, SourceUnavailableError) as e:
+        print(f"changelake-ingest: source unavailable: {e}", file=sys.stderr)
+        return EXIT_TEMPFAIL
     except IngestError as e:
         print(f"changelake-ingest: error: {e}", file=sys.stderr)
         return EXIT_USER_ERROR

@@ -39,6 +39,22 @@ class BatchConfig(_Strict):
     max_seconds: Annotated[float, Field(gt=0)] = 1.0
 
 
+class RetryConfig(_Strict):
+    """How `run` rides out a source it cannot reach (ingest/capture/retry.py).
+
+    `max_seconds`: how long one outage may last before the run gives up with exit code 75
+    (None: forever for `run`, RUN_ONCE_MAX_SECONDS for `run --once`, so a scheduled job ends).
+    `max_delay_seconds`: the longest wait between two attempts (exponential backoff up to it).
+    """
+
+    max_seconds: Annotated[float, Field(gt=0)] | None = None
+    max_delay_seconds: Annotated[float, Field(gt=0)] = 60.0
+
+
+# A scheduled `run --once` gives up on an unreachable source after this long by default.
+RUN_ONCE_MAX_SECONDS = 300.0
+
+
 class SnapshotSettings(_Strict):
     """Table snapshots of a source (DESIGN §5): taken beside the stream, in keyset pages."""
 
@@ -167,6 +183,7 @@ class Config(_Strict):
     warehouse: str = DEFAULT_WAREHOUSE
     storage_options: dict[str, str] = Field(default_factory=dict)
     batch: BatchConfig = Field(default_factory=BatchConfig)
+    retry: RetryConfig = Field(default_factory=RetryConfig)
     sources: list[SourceConfig]
 
     @field_validator("sources")

@@ -15,6 +15,18 @@ class SourceError(IngestError):
     """The source database refused us or is not set up for change capture."""
 
 
+class SourceUnavailableError(SourceError):
+    """The source cannot be reached right now (connection refused or lost, server restarting): retried."""
+
+
+class RetriesExhaustedError(IngestError):
+    """A source stayed unreachable past `retry.max_seconds` (exit code 75, EX_TEMPFAIL: try again later)."""
+
+
+class UnmappableEventError(SourceError):
+    """A change the source sent cannot be turned into a bronze event; the message names it and the recovery."""
+
+
 class SlotInvalidatedError(SourceError):
     """The replication slot lost WAL it needed (wal_status = lost); a re-snapshot is required."""
 

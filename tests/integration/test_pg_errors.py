@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +14,8 @@ import pytest
 from ingest.errors import BronzeWriteError, SlotInvalidatedError, SourceError
 from ingest.sources.postgres.admin import PostgresAdmin
 from ingest.sources.postgres.replication import ReplicationStream
-from tests.conftest import ROOT, bronze_events, capture_once, prepare
+from tests.conftest import bronze_events, capture_once, prepare
+from tests.helpers.scratch_pg import ScratchCluster
 
 pytestmark = pytest.mark.integration
 
@@ -94,52 +93,22 @@ def test_failed_delta_commit_does_not_advance_the_slot(warehouse: Path, make_sou
 
 
 @pytest.fixture(scope="module")
-def scratch_cluster() -> Iterator[tuple[str, Path]]:
+def scratch_cluster() -> Iterator[ScratchCluster]:
     """A second, throwaway PostgreSQL cluster whose settings the tests may break."""
-    state = Path(tempfile.mkdtemp(prefix="changelake-scratch-", dir="/tmp"))
-    state.chmod(0o755)
-    env = dict(os.environ, CHANGELAKE_STATE=str(state), CHANGELAKE_PG_PORT="54339")
-    dsn = (
-        subprocess.run(
-            ["bash", str(ROOT / "scripts/pg.sh"), "start"], env=env, check=True, capture_output=True, text=True
-        )
-        .stdout.strip()
-        .splitlines()[-1]
-    )
-    yield dsn, state
-    subprocess.run(["bash", str(ROOT / "scripts/pg.sh"), "stop"], env=env, check=False)
-    shutil.rmtree(state, ignore_errors=True)
+    cluster = ScratchCluster(54339)
+    yield cluster
+    cluster.remove()
 
 
-def _restart_with(state: Path, setting: str) -> None:
-    conf = state / "pgdata" / "postgresql.conf"
-    conf.write_text(conf.read_text() + setting + "\n")
-    bindir = next(p for p in Path("/usr/lib/postgresql").glob("*/bin") if (p / "pg_ctl").exists())
-    cmd = [
-        str(bindir / "pg_ctl"),
-        "-D",
-        str(state / "pgdata"),
-        "-w",
-        "-m",
-        "fast",
-        "restart",
-        "-l",
-        str(state / "pgdata" / "server.log"),
-    ]
-    subprocess.run(
-        ["runuser", "-u", "postgres", "--", *cmd] if os.getuid() == 0 else cmd, check=True, capture_output=True
-    )
-
-
-def test_invalidated_slot_says_how_to_recover(scratch_cluster: tuple[str, Path]) -> None:
+def test_invalidated_slot_says_how_to_recover(scratch_cluster: ScratchCluster) -> None:
     from ingest.config import PostgresSource
 
-    dsn, state = scratch_cluster
+    dsn = scratch_cluster.dsn
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute("create table if not exists big (id serial primary key, pad text)")
     src = PostgresSource(kind="postgres", name="lost", dsn=dsn, tables=["public.big"])
     prepare(src)
-    _restart_with(state, "max_slot_wal_keep_size = 1MB")
+    scratch_cluster.restart_with("max_slot_wal_keep_size = 1MB")
     with psycopg.connect(dsn, autocommit=True) as c:
         for _ in range(4):  # push several WAL segments past the slot, then let a checkpoint drop them
             c.execute("insert into big (pad) select repeat('x', 1000) from generate_series(1, 20000)")
@@ -157,13 +126,13 @@ def test_invalidated_slot_says_how_to_recover(scratch_cluster: tuple[str, Path])
     assert status is not None and status[0] != "lost"
 
 
-def test_server_without_logical_wal_level(scratch_cluster: tuple[str, Path]) -> None:
+def test_server_without_logical_wal_level(scratch_cluster: ScratchCluster) -> None:
     from ingest.config import PostgresSource
 
-    dsn, state = scratch_cluster
+    dsn = scratch_cluster.dsn
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute("select pg_drop_replication_slot(slot_name) from pg_replication_slots")
-    _restart_with(state, "wal_level = replica")
+    scratch_cluster.restart_with("wal_level = replica")
     src = PostgresSource(kind="postgres", name="replica", dsn=dsn, tables=["public.big"])
     with pytest.raises(SourceError, match="wal_level is 'replica'.*wal_level = logical"):
         prepare(src)

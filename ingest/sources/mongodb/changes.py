@@ -22,6 +22,7 @@ from bson import json_util
 from bson.json_util import JSONMode, JSONOptions
 from bson.timestamp import Timestamp
 
+from ingest.errors import UnmappableEventError
 from ingest.events import Action, ChangeEvent
 from ingest.sources.mongodb import compat
 
@@ -153,7 +154,10 @@ class ChangeMapper:
     def _position(self, doc: Mapping[str, Any]) -> tuple[int, int]:
         cluster_time = doc.get("clusterTime")
         if not isinstance(cluster_time, Timestamp):
-            raise ValueError(f"change event without a clusterTime: {ext_json(doc.get('_id'))}")
+            raise UnmappableEventError(
+                f"a change event without a clusterTime (resume token {ext_json(doc.get('_id'))}): its position "
+                "cannot be known. MongoDB always sends one; check what serves this URI"
+            )
         lsn = pack_cluster_time(cluster_time)
         key = (lsn, _hashable(doc.get("lsid")), doc.get("txnNumber"))
         self._index = self._index + 1 if key == self._txn_key else 0
@@ -204,7 +208,15 @@ class ChangeMapper:
         if "_id" not in key:
             key = compat.key_from_full_document(doc) or key
         if "_id" not in key:
-            raise ValueError(f"{op} event without documentKey._id at clusterTime {base['commit_lsn']}")
+            ts = unpack_cluster_time(base["commit_lsn"])
+            raise UnmappableEventError(
+                f"{op} event on {ns.qualified} at clusterTime {ts.time}.{ts.inc} has no documentKey._id and no "
+                "fullDocument, so it cannot be keyed (the document was probably deleted before the event was "
+                "read, on a server that does not put the _id in documentKey: MongoDB itself always does). Nothing "
+                "from it on is acknowledged, and ingest will not skip it silently. Recover by capturing the "
+                "database as a new source (a new `name`: it starts at the current cluster time and snapshots every "
+                "collection), then retire this source's rows"
+            )
         before = doc.get("fullDocumentBeforeChange")
         action = ROW_ACTIONS[op]
         record = ext_json(full) if full is not None and action != Action.DELETE else None

@@ -9,8 +9,9 @@ from bson.timestamp import Timestamp
 from pymongo import MongoClient
 from pymongo.errors import OperationFailure, PyMongoError
 
+from ingest.capture.retry import is_transient
 from ingest.config import MongoSource
-from ingest.errors import SourceError
+from ingest.errors import SourceError, SourceUnavailableError
 from ingest.sources.mongodb import compat
 from ingest.sources.mongodb.changes import Namespace
 
@@ -38,7 +39,8 @@ def connect(src: MongoSource) -> MongoClient[dict[str, Any]]:
         client.admin.command("ping")
     except PyMongoError as e:
         client.close()
-        raise SourceError(f"sources.{src.name}: cannot reach MongoDB: {type(e).__name__}: {e}") from None
+        error = SourceUnavailableError if is_transient(e) else SourceError
+        raise error(f"sources.{src.name}: cannot reach MongoDB: {type(e).__name__}: {e}") from None
     return client
 
 

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
+from ingest.capture.retry import is_transient
 from ingest.config import PostgresSource
-from ingest.errors import SlotInvalidatedError, SourceError
+from ingest.errors import SlotInvalidatedError, SourceError, SourceUnavailableError
 from ingest.events import lsn_to_int
 from ingest.sources.postgres.replication import safe_dsn, session_conninfo
 
@@ -43,7 +44,8 @@ def connect(src: PostgresSource) -> psycopg.Connection[tuple[object, ...]]:
         return psycopg.connect(session_conninfo(src.dsn), autocommit=True)
     except psycopg.OperationalError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else "connection failed"
-        raise SourceError(f"source {src.name!r}: cannot connect to {safe_dsn(src.dsn)}: {first}") from None
+        error = SourceUnavailableError if is_transient(e) else SourceError
+        raise error(f"source {src.name!r}: cannot connect to {safe_dsn(src.dsn)}: {first}") from None
 
 
 class PostgresAdmin:

@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING
 
 from psycopg import pq, sql
 
+from ingest.capture.retry import transient_libpq_message, transient_sqlstate
 from ingest.config import PostgresSource
-from ingest.errors import SourceError
+from ingest.errors import SourceError, SourceUnavailableError
 from ingest.events import SnapshotRow, lsn_to_int
 from ingest.sources.postgres.catalog import TableShape
 from ingest.sources.postgres.replication import safe_dsn, session_conninfo
@@ -53,7 +54,8 @@ class PageReader:
         if conn.status != pq.ConnStatus.OK:
             msg = conn.get_error_message().strip()
             conn.finish()
-            raise SourceError(f"source {src.name!r}: snapshot connection to {safe_dsn(src.dsn)} failed: {msg}")
+            error = SourceUnavailableError if transient_libpq_message(msg) else SourceError
+            raise error(f"source {src.name!r}: snapshot connection to {safe_dsn(src.dsn)} failed: {msg}")
         self.conn = conn
 
     def close(self) -> None:
@@ -65,9 +67,13 @@ class PageReader:
         if res.status not in (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK):
             raw = res.error_message or self.conn.get_error_message()
             msg = (raw.decode(errors="replace") if isinstance(raw, bytes) else raw).strip()
-            if self.conn.transaction_status != pq.TransactionStatus.IDLE:
+            code = res.error_field(pq.DiagnosticField.SQLSTATE)
+            lost = self.conn.status != pq.ConnStatus.OK
+            if not lost and self.conn.transaction_status != pq.TransactionStatus.IDLE:
                 self.conn.exec_(b"ROLLBACK")
-            raise SourceError(f"source {self.src.name!r}: snapshot query failed: {msg}")
+            transient = lost or transient_sqlstate(code.decode() if code else None) or transient_libpq_message(msg)
+            error = SourceUnavailableError if transient else SourceError
+            raise error(f"source {self.src.name!r}: snapshot query failed: {msg}")
         return res
 
     def _hook(self, point: str, task: SnapshotTask, page: int) -> None:

@@ -17,7 +17,8 @@ import psycopg
 from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from ingest.errors import SlotInvalidatedError, SourceError
+from ingest.capture.retry import transient_libpq_message, transient_sqlstate
+from ingest.errors import SlotInvalidatedError, SourceError, SourceUnavailableError
 from ingest.sources.postgres.pgoutput import PG_EPOCH_OFFSET_US, PROTO_VERSION
 
 MSG_XLOGDATA = ord("w")
@@ -92,9 +93,10 @@ class ReplicationStream:
         conninfo = session_conninfo(self.dsn, replication="database")
         conn = pq.PGconn.connect(conninfo.encode())
         if conn.status != pq.ConnStatus.OK:
-            msg = conn.get_error_message()
+            msg = conn.get_error_message().strip()
             conn.finish()
-            raise SourceError(f"cannot open a replication connection to {safe_dsn(self.dsn)}: {msg.strip()}")
+            error = SourceUnavailableError if transient_libpq_message(msg) else SourceError
+            raise error(f"cannot open a replication connection to {safe_dsn(self.dsn)}: {msg}")
         lsn = f"{self.start_lsn >> 32:X}/{self.start_lsn & 0xFFFFFFFF:X}"
         pub = self.publication.replace("'", "''")
         cmd = (
@@ -112,12 +114,13 @@ class ReplicationStream:
                     "are gone from the WAL: drop it (select pg_drop_replication_slot('"
                     f"{self.slot}')), run ingest again to recreate it, and re-snapshot the tables."
                 )
-            if "is active for PID" in msg:
-                raise SourceError(
-                    f"replication slot {self.slot!r} is in use by another process ({msg}); "
-                    "stop the other changelake-ingest (or consumer) first"
+            if "is active for PID" in msg:  # 55006: for a few seconds, the walsender of a run that just ended
+                raise SourceUnavailableError(
+                    f"replication slot {self.slot!r} is in use by another process ({msg}); if that is not a "
+                    "previous run's walsender still exiting, stop the other changelake-ingest (or consumer)"
                 )
-            raise SourceError(f"START_REPLICATION on slot {self.slot!r} failed: {msg}")
+            error = SourceUnavailableError if transient_libpq_message(msg) else SourceError
+            raise error(f"START_REPLICATION on slot {self.slot!r} failed: {msg}")
         conn.nonblocking = 1
         self._conn = conn
 
@@ -151,7 +154,12 @@ class ReplicationStream:
             # n == -1: the server ended COPY; n == -2: error
             res = conn.get_result()
             msg = conn.get_error_message().strip() or (res.error_message.decode() if res else "")
-            raise SourceError(f"replication stream of slot {self.slot!r} ended: {msg or 'server closed it'}")
+            code = res.error_field(pq.DiagnosticField.SQLSTATE) if res is not None else None
+            sqlstate = code.decode() if code else None
+            # No SQLSTATE: the connection itself was lost. Else the server's code says (a shutdown
+            # is transient; a slot invalidated while streaming, 55000, is not).
+            error = SourceUnavailableError if sqlstate is None or transient_sqlstate(sqlstate) else SourceError
+            raise error(f"replication stream of slot {self.slot!r} ended: {msg or 'server closed it'}")
 
     def send_status(self, flush_lsn: int, reply: bool = False) -> None:
         """Tell the server everything up to `flush_lsn` is durable (it may advance the slot)."""
@@ -160,11 +168,11 @@ class ReplicationStream:
         now_us = int(time.time() * 1_000_000) - PG_EPOCH_OFFSET_US
         msg = STANDBY_STATUS.pack(MSG_STANDBY_STATUS, flush_lsn, flush_lsn, flush_lsn, now_us, int(reply))
         if conn.put_copy_data(msg) != 1:
-            raise SourceError(f"sending status to the server failed: {conn.get_error_message().strip()}")
+            raise SourceUnavailableError(f"sending status to the server failed: {conn.get_error_message().strip()}")
         while (pending := conn.flush()) == 1:
             select.select([], [conn.socket], [], 1.0)
         if pending == -1:  # the connection is gone: the server never heard this acknowledgement
-            raise SourceError(f"sending status to the server failed: {conn.get_error_message().strip()}")
+            raise SourceUnavailableError(f"sending status to the server failed: {conn.get_error_message().strip()}")
 
     def close(self) -> None:
         """Close the connection (the slot stays where it was last acknowledged)."""

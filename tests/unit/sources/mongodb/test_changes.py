@@ -22,6 +22,7 @@ from bson import (
 )
 from bson.timestamp import Timestamp
 
+from ingest.errors import UnmappableEventError
 from ingest.events import Action
 from ingest.sources.mongodb.changes import (
     RENAME_PREFIX,
@@ -248,7 +249,7 @@ def test_unknown_operation_type_is_skipped_but_counted(caplog: pytest.LogCapture
 def test_event_without_cluster_time_is_refused() -> None:
     doc = insert(T0, 1, {"_id": 1})
     del doc["clusterTime"]
-    with pytest.raises(ValueError, match="clusterTime"):
+    with pytest.raises(UnmappableEventError, match="clusterTime"):
         mapper().feed(doc)
 
 
