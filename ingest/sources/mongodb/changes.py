@@ -10,7 +10,6 @@ to dicts of BSON types). Positions follow DESIGN §2: `commit_lsn` is `clusterTi
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -136,8 +135,8 @@ class ChangeMapper:
     Responsibilities: positions (packed clusterTime, index within a transaction), actions,
     canonical Extended JSON of keys and documents, tombstoning events for drop / rename /
     dropDatabase / invalidate, and the set of collections seen (what a dropDatabase tombstones).
-    State: the previous event's transaction key, so feed documents in stream order, starting at
-    a transaction boundary (the stream resumes only from tokens stored at one).
+    State: the previous event's clusterTime, so feed documents in stream order, starting at a
+    clusterTime boundary (the stream resumes only from tokens stored at one).
     """
 
     def __init__(self, scope: Namespace, known_collections: Sequence[str] = ()) -> None:
@@ -148,7 +147,7 @@ class ChangeMapper:
         """
         self.scope = scope
         self.known: set[str] = set(known_collections)
-        self._txn_key: tuple[int, Any, Any] | None = None
+        self._lsn: int | None = None  # the clusterTime of the previous event
         self._index = 0
 
     def _position(self, doc: Mapping[str, Any]) -> tuple[int, int]:
@@ -159,9 +158,14 @@ class ChangeMapper:
                 "cannot be known. MongoDB always sends one; check what serves this URI"
             )
         lsn = pack_cluster_time(cluster_time)
-        key = (lsn, _hashable(doc.get("lsid")), doc.get("txnNumber"))
-        self._index = self._index + 1 if key == self._txn_key else 0
-        self._txn_key = key
+        # The index counts every event at one clusterTime, whatever session or transaction it belongs
+        # to: several transactions can share a clusterTime (sharded clusters; any deployment from
+        # 8.0), and an index restarting per transaction gave two of their events one position, of
+        # which silver kept one (review finding D3). The stream delivers the events of one
+        # clusterTime in oplog order, and resumes only from tokens stored once a clusterTime is
+        # complete, so the numbering is the same on every replay.
+        self._index = self._index + 1 if lsn == self._lsn else 0
+        self._lsn = lsn
         return lsn, self._index
 
     def _namespace(self, doc: Mapping[str, Any]) -> Namespace:
@@ -276,8 +280,3 @@ def _commit_ts_us(doc: Mapping[str, Any], lsn: int) -> int:
         wall = wall if wall.tzinfo else wall.replace(tzinfo=UTC)
         return (wall - EPOCH) // timedelta(microseconds=1)
     return (lsn >> INCREMENT_BITS) * 1_000_000
-
-
-def _hashable(value: Any) -> Any:
-    """A comparable form of an `lsid` document (None stays None)."""
-    return None if value is None else json.dumps(json.loads(ext_json(value)), sort_keys=True)

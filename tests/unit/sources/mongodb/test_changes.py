@@ -178,12 +178,14 @@ def test_transaction_events_share_commit_lsn_and_count_from_zero() -> None:
     assert len(set(positions)) == len(positions)
 
 
-def test_a_different_session_starts_a_new_index_even_at_the_same_cluster_time() -> None:
+def test_two_transactions_at_one_cluster_time_get_distinct_positions() -> None:
+    """D3: two sessions' transactions sharing a clusterTime (sharded, or 8.0+) both got (T, 0): silver kept one."""
     m = mapper()
     a = m.feed(insert(T0, 10, {"_id": 1}, **in_txn(LSID, 1))).event
     b = m.feed(insert(T0, 10, {"_id": 2}, **in_txn(OTHER_LSID, 1))).event
-    assert a is not None and b is not None
-    assert (a.commit_index, b.commit_index) == (0, 0)
+    c = m.feed(insert(T0, 10, {"_id": 3}, **in_txn(LSID, 2))).event
+    assert a is not None and b is not None and c is not None
+    assert [e.position for e in (a, b, c)] == [(T0 << 32 | 10, 0), (T0 << 32 | 10, 1), (T0 << 32 | 10, 2)]
 
 
 def test_batched_writes_without_a_transaction_get_distinct_indexes() -> None:
