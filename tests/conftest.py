@@ -1,20 +1,16 @@
-"""Shared fixtures: the project PostgreSQL, throwaway sources, in-process capture and bronze reads."""
+"""Shared fixtures: the project PostgreSQL, throwaway sources, a fresh warehouse (helpers: tests/helpers/)."""
 
 from __future__ import annotations
 
 import os
-import secrets
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 
-from tests.delta_rows import read
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers.pg import ROOT, PgSource
 
 
 @pytest.fixture(scope="session")
@@ -25,44 +21,6 @@ def pg_dsn() -> str:
         return dsn
     out = subprocess.run(["bash", str(ROOT / "scripts/pg.sh"), "start"], check=True, capture_output=True, text=True)
     return out.stdout.strip().splitlines()[-1]
-
-
-class PgSource:
-    """A throwaway schema with its own publication and slot; dropped at teardown."""
-
-    def __init__(self, dsn: str, tables_sql: str, table_names: list[str]) -> None:
-        self.dsn = dsn
-        self.suffix = secrets.token_hex(4)
-        self.schema = f"t_{self.suffix}"
-        self.name = f"src_{self.suffix}"
-        self.conn = psycopg.connect(dsn, autocommit=True)
-        self.conn.execute(f"create schema {self.schema}")
-        self.conn.execute(f"set search_path = {self.schema}")
-        self.conn.execute(tables_sql)
-        self.tables = [f"{self.schema}.{t}" for t in table_names]
-
-    def config(self, **extra: Any) -> Any:
-        from ingest.config import PostgresSource
-
-        return PostgresSource(kind="postgres", name=self.name, dsn=self.dsn, tables=self.tables, **extra)
-
-    def execute(self, sql: str, params: Any = None) -> None:
-        self.conn.execute(sql, params)
-
-    def drop(self) -> None:
-        with psycopg.connect(self.dsn, autocommit=True) as c:
-            for slot in c.execute(
-                "select slot_name from pg_replication_slots where slot_name like %s", (f"%{self.suffix}%",)
-            ).fetchall():
-                c.execute(
-                    "select pg_terminate_backend(active_pid) from pg_replication_slots "
-                    "where slot_name = %s and active_pid is not null",
-                    (slot[0],),
-                )
-                c.execute("select pg_drop_replication_slot(%s)", (slot[0],))
-            c.execute(f"drop publication if exists changelake_{self.name}")
-            c.execute(f"drop schema if exists {self.schema} cascade")
-        self.conn.close()
 
 
 @pytest.fixture
@@ -86,38 +44,3 @@ def warehouse(tmp_path: Path) -> Path:
     return tmp_path / "warehouse"
 
 
-def capture_once(
-    warehouse: Path, src: Any, max_events: int = 200_000, snapshots: bool = False, **kw: Any
-) -> Any:
-    """Run the stream writer in this process with `--once` semantics; returns the capture.
-
-    Snapshots are off unless asked for: most tests look at the stream alone.
-    """
-    from ingest.bronze.writer import BronzeWriter
-    from ingest.config import BatchConfig
-    from ingest.progress import Progress
-    from ingest.sources.postgres.capture import PostgresCapture
-
-    cap = PostgresCapture(
-        src,
-        BatchConfig(max_events=max_events, max_seconds=5),
-        BronzeWriter(warehouse),
-        Progress(src.name, enabled=False),
-        snapshots=snapshots,
-        **kw,
-    )
-    cap.run(once=True, should_stop=lambda: False)
-    return cap
-
-
-def prepare(src: Any) -> None:
-    """Create the publication and slot of `src` (what `changelake-ingest setup` does)."""
-    from ingest.sources.postgres.admin import prepare_source
-
-    prepare_source(src).close()
-
-
-def bronze_events(warehouse: Path, source: str, with_messages: bool = False) -> list[Any]:
-    """The source's bronze.wal_events rows in position order."""
-    where = f"source = '{source}'" + ("" if with_messages else " and action != 'message'")
-    return read(warehouse / "bronze" / "wal_events", where, "commit_lsn, commit_index")

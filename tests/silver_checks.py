@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import ROOT
-from tests.delta_rows import exists, read
+from tests.helpers.delta_rows import exists, read
+from tests.helpers.pg import ROOT
 
 DBT = Path(sys.executable).with_name("dbt")
 

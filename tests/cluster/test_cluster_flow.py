@@ -29,7 +29,7 @@ import psycopg
 import pytest
 import yaml
 
-from tests.conftest import ROOT, prepare
+from tests.helpers.pg import ROOT, prepare
 from tests.integration.test_dbt_flow import (
     SEED,
     TABLES,

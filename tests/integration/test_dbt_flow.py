@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import bronze_events, capture_once, prepare
+from tests.helpers.pg import bronze_events, capture_once, prepare
 from tests.silver_checks import dbt, frozen, silver, snapshot_rows, source_rows
 
 pytestmark = pytest.mark.integration

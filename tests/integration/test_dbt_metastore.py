@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from ingest.bronze.writer import BronzeWriter
-from tests.conftest import ROOT
+from tests.helpers.pg import ROOT
 from tests.silver_checks import DBT
 
 HOLD_TIMEOUT_S = 180

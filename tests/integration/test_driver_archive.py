@@ -14,7 +14,7 @@ from types import ModuleType
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers.pg import ROOT
 
 pytestmark = pytest.mark.integration
 

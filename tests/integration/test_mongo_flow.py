@@ -28,8 +28,8 @@ from ingest.progress import Progress
 from ingest.sources.mongodb.capture import MongoCapture
 from ingest.sources.mongodb.changes import from_ext_json, record_key
 from ingest.sources.mongodb.stream import parse_stored_token
-from tests.conftest import bronze_events
-from tests.delta_rows import read
+from tests.helpers.delta_rows import read
+from tests.helpers.pg import bronze_events
 from tests.integration.test_dbt_flow import dbt, silver
 from tests.mongo.server import mongo_java_server
 

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from ingest.bronze.writer import BronzeWriter
-from tests.conftest import ROOT, prepare
+from tests.helpers.pg import ROOT, prepare
 
 pytestmark = pytest.mark.integration
 

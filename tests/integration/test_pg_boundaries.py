@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.conftest import bronze_events, capture_once, prepare
+from tests.helpers.pg import bronze_events, capture_once, prepare
 
 pytestmark = pytest.mark.integration
 

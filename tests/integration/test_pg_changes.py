@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import bronze_events, capture_once, prepare
+from tests.helpers.pg import bronze_events, capture_once, prepare
 
 pytestmark = pytest.mark.integration
 

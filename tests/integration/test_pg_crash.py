@@ -20,7 +20,7 @@ import psycopg
 import pytest
 import yaml
 
-from tests.conftest import ROOT, bronze_events, prepare
+from tests.helpers.pg import ROOT, bronze_events, prepare
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash]
 

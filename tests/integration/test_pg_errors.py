@@ -14,7 +14,7 @@ import pytest
 from ingest.errors import BronzeWriteError, SlotInvalidatedError, SourceError
 from ingest.sources.postgres.admin import PostgresAdmin
 from ingest.sources.postgres.replication import ReplicationStream
-from tests.conftest import bronze_events, capture_once, prepare
+from tests.helpers.pg import bronze_events, capture_once, prepare
 from tests.helpers.scratch_pg import ScratchCluster
 
 pytestmark = pytest.mark.integration

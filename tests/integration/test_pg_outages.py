@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from ingest.config import PostgresSource
-from tests.conftest import ROOT, bronze_events, prepare
+from tests.helpers.pg import ROOT, bronze_events, prepare
 from tests.helpers.scratch_pg import ScratchCluster
 
 pytestmark = pytest.mark.integration

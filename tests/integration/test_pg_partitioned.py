@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from ingest.errors import SourceError
-from tests.conftest import bronze_events, capture_once, prepare
+from tests.helpers.pg import bronze_events, capture_once, prepare
 from tests.silver_checks import snapshot_rows
 
 pytestmark = pytest.mark.integration

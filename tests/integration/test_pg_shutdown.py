@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from ingest.bronze.writer import BronzeWriter
-from tests.conftest import ROOT, bronze_events, prepare
+from tests.helpers.pg import ROOT, bronze_events, prepare
 
 pytestmark = pytest.mark.integration
 

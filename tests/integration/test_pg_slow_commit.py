@@ -15,7 +15,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from ingest.events import lsn_to_int
-from tests.conftest import bronze_events, prepare
+from tests.helpers.pg import bronze_events, prepare
 
 pytestmark = pytest.mark.integration
 

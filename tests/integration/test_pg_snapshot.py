@@ -16,8 +16,8 @@ import psycopg
 import pytest
 import yaml
 
-from tests.conftest import capture_once, prepare
-from tests.delta_rows import read
+from tests.helpers.delta_rows import read
+from tests.helpers.pg import capture_once, prepare
 from tests.silver_checks import dbt, silver, source_rows
 
 pytestmark = pytest.mark.integration

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import bronze_events, capture_once, prepare
-from tests.delta_rows import read
+from tests.helpers.delta_rows import read
+from tests.helpers.pg import bronze_events, capture_once, prepare
 
 pytestmark = pytest.mark.integration
 
