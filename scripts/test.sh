@@ -9,4 +9,5 @@ echo "== ruff"; ruff check ingest tests demo bench
 echo "== mypy --strict"; mypy
 if [ -f dbt_project.yml ]; then echo "== sqlfluff"; bash scripts/sqlfluff.sh; fi
 echo "== pytest"
-python -m pytest tests -q -p no:cacheprovider --durations=12 "$@"
+# Every test that took a second or more, slowest first: CI's log keeps where the time goes.
+python -m pytest tests -q -p no:cacheprovider --durations=0 --durations-min=1.0 "$@"
