@@ -7,14 +7,20 @@ import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from functools import partial
 from types import FrameType
-from typing import TypeVar
+from typing import Any, TypeVar
 
+from ingest.bronze.schemas import STREAM_POSITIONS_TABLE
 from ingest.bronze.writer import BronzeWriter
 from ingest.capture.retry import retrying
 from ingest.config import RUN_ONCE_MAX_SECONDS, Config, MongoSource, PostgresSource, SourceConfig
 from ingest.errors import ConfigError, IngestError
+from ingest.events import WriterPosition
+from ingest.ops import metrics
+from ingest.ops.health import Alert, AlertKind, SourceHealth, report, slot_alerts, writer_alerts
+from ingest.ops.watch import SlotReader, Watcher
 from ingest.sources.base import Source, bronze_status
 
 log = logging.getLogger(__name__)
@@ -56,16 +62,44 @@ def adapter(src: SourceConfig) -> Source:
     raise ConfigError(f"sources.{src.name}: no adapter for kind {src.kind!r}")  # the config allows no other
 
 
+def slot_reader(src: SourceConfig) -> SlotReader | None:
+    """The slot probe of a source that has a slot (Postgres), for the watcher and `status --json`."""
+    if isinstance(src, PostgresSource):
+        from ingest.sources.postgres.slot_probe import SlotProbe
+
+        return SlotProbe(src)
+    return None
+
+
 def _selected(cfg: Config, source: str | None) -> list[Source]:
     return [adapter(s) for s in ([cfg.source(source)] if source else cfg.sources)]
+
+
+def _positions(writer: BronzeWriter, source: str) -> list[tuple[WriterPosition, datetime]]:
+    """The source's writer rows, none before bronze exists."""
+    return writer.positions(source) if writer.exists(STREAM_POSITIONS_TABLE) else []
+
+
+def _serve_metrics(cfg: Config, port: int | None) -> None:
+    port = cfg.metrics.port if port is None else port
+    if not port:
+        return
+    try:
+        metrics.serve(port, cfg.metrics.address)
+    except OSError as e:
+        raise ConfigError(f"metrics.port {port}: cannot serve metrics on {cfg.metrics.address}: {e.strerror}") from None
 
 
 def _writer(cfg: Config) -> BronzeWriter:
     return BronzeWriter(cfg.warehouse_uri, cfg.storage_options or None)
 
 
-def run(cfg: Config, once: bool, source: str | None) -> list[str]:
-    """Capture the selected sources into bronze; returns the runs' summary lines."""
+def run(cfg: Config, once: bool, source: str | None, metrics_port: int | None = None) -> list[str]:
+    """Capture the selected sources into bronze; returns the runs' summary lines.
+
+    `metrics_port` (else `metrics.port`; 0: none) serves Prometheus metrics while it runs; a watcher
+    thread per source keeps slot and position metrics current and logs alerts (ingest/ops/watch.py).
+    """
     sources = _selected(cfg, source)
     if len(sources) > 1 and not once:
         raise ConfigError("continuous run captures one source per process; pass --source NAME")
@@ -76,13 +110,19 @@ def run(cfg: Config, once: bool, source: str | None) -> list[str]:
         # A source that is down is waited for (ingest/capture/retry.py); a permanent error is not.
         return retrying(attempt, s.name, stop, max_seconds, cfg.retry.max_delay_seconds)
 
+    _serve_metrics(cfg, metrics_port)
     for s in sources:  # fail fast on a misconfigured source before touching bronze
         retried(s.check, s)
     writer = _writer(cfg)
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     lines: list[str] = []
     for s in sources:
-        lines += retried(partial(s.run, cfg.batch, writer, once, stop), s)
+        watcher = Watcher(s.name, cfg.alerts, partial(_positions, writer, s.name), slot_reader(cfg.source(s.name)))
+        watcher.start()
+        try:
+            lines += retried(partial(s.run, cfg.batch, writer, once, stop), s)
+        finally:
+            watcher.stop()
     return lines
 
 
@@ -129,3 +169,37 @@ def status(cfg: Config, source: str | None) -> list[SourceStatus]:
             lines = [f"source unreachable: {e}"]
         out.append(SourceStatus(s.name, lines + bronze_status(writer, s.name, s.format_position)))
     return out
+
+
+def source_health(cfg: Config, src: Source, writer: BronzeWriter, now: datetime) -> SourceHealth:
+    """One source's health: the server (slot) probed once, its writer rows and last commit read from bronze."""
+    src_cfg = cfg.source(src.name)
+    probe = slot_reader(src_cfg)
+    slot, error = None, None
+    try:
+        if probe is not None:
+            slot = probe.read()
+        else:
+            src.source_status()
+    except IngestError as e:
+        error = str(e)
+    finally:
+        if probe is not None:
+            probe.close()
+    alerts: list[Alert] = []
+    if error is not None:
+        alerts.append(Alert(AlertKind.SOURCE_UNREACHABLE, error))
+    if slot is not None:
+        alerts += slot_alerts(slot, cfg.alerts)
+    rows = _positions(writer, src.name)
+    alerts += writer_alerts(rows, cfg.alerts, now)
+    last = writer.max_commit_time(src.name) if rows else None
+    return SourceHealth(src.name, src_cfg.kind, now, error, slot, tuple(rows), last, tuple(alerts))
+
+
+def status_report(cfg: Config, source: str | None) -> dict[str, Any]:
+    """`status --json`: the document of docs/operations.md; its `exit_code` is the command's exit code."""
+    writer = _writer(cfg)
+    now = datetime.now(UTC)
+    healths = [(source_health(cfg, s, writer, now), s.format_position) for s in _selected(cfg, source)]
+    return report(healths, now)

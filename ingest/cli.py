@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -33,6 +34,12 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="stream changes into bronze (continuous, or --once)")
     r.add_argument("--once", action="store_true", help="drain to the source's current position, then exit")
     r.add_argument("--source", help="capture only this source")
+    r.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="N",
+        help="serve Prometheus metrics on port N (0: off; default metrics.port)",
+    )
     su = sub.add_parser("setup", help="check the sources and create publication and slot")
     su.add_argument("--source", help="only this source")
     sn = sub.add_parser("snapshot", help="request a snapshot of one table; a running (or the next) `run` takes it")
@@ -40,6 +47,11 @@ def _parser() -> argparse.ArgumentParser:
     sn.add_argument("--source", help="the source capturing the table (needed if several do)")
     s = sub.add_parser("status", help="positions, safe bound, slot lag, WAL status and snapshot progress")
     s.add_argument("--source", help="only this source")
+    s.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON document (docs/operations.md); exit 0 healthy, 3 lagging, 4 stale, 5 slot lost or unreachable",
+    )
     return p
 
 
@@ -55,13 +67,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.config)
         if args.command == "run":
-            for line in app.run(cfg, once=args.once, source=args.source):
+            for line in app.run(cfg, once=args.once, source=args.source, metrics_port=args.metrics_port):
                 print(line)
         elif args.command == "setup":
             for line in app.setup(cfg, args.source):
                 print(line)
         elif args.command == "snapshot":
             print(app.snapshot(cfg, args.table, args.source))
+        elif args.command == "status" and args.json:
+            doc = app.status_report(cfg, args.source)
+            print(json.dumps(doc, indent=2))
+            return int(doc["exit_code"])
         elif args.command == "status":
             for st in app.status(cfg, args.source):
                 print(f"source {st.source}")

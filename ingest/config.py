@@ -55,6 +55,29 @@ class RetryConfig(_Strict):
 RUN_ONCE_MAX_SECONDS = 300.0
 
 
+class MetricsConfig(_Strict):
+    """Prometheus metrics of a running `run` (docs/operations.md): `port` 0 (the default) serves none."""
+
+    port: Annotated[int, Field(ge=0, le=65535)] = 0
+    address: str = "0.0.0.0"  # the interface the metrics endpoint listens on
+
+
+class AlertsConfig(_Strict):
+    """When ingest warns before data is lost (log line at WARNING, metric, `status --json`).
+
+    `max_lag_bytes`: slot lag (server WAL position minus the slot's confirmed position) above which
+    a source is lagging (None: no fixed threshold). `slot_keep_fraction`: a source is lagging once
+    its slot holds this fraction of the server's `max_slot_wal_keep_size` (past all of it the server
+    invalidates the slot and the changes in between are gone). `max_position_age_seconds`: a writer
+    whose row in bronze.stream_positions was not raised for this long is stale (None: never; a
+    running stream raises it at least every `heartbeat_seconds` plus a batch).
+    """
+
+    max_lag_bytes: Annotated[int, Field(gt=0)] | None = None
+    slot_keep_fraction: Annotated[float, Field(gt=0, le=1)] = 0.8
+    max_position_age_seconds: Annotated[float, Field(gt=0)] | None = None
+
+
 class SnapshotSettings(_Strict):
     """Table snapshots of a source (DESIGN §5): taken beside the stream, in keyset pages."""
 
@@ -184,6 +207,8 @@ class Config(_Strict):
     storage_options: dict[str, str] = Field(default_factory=dict)
     batch: BatchConfig = Field(default_factory=BatchConfig)
     retry: RetryConfig = Field(default_factory=RetryConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    alerts: AlertsConfig = Field(default_factory=AlertsConfig)
     sources: list[SourceConfig]
 
     @field_validator("sources")

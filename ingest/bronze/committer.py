@@ -20,6 +20,7 @@ from ingest import faults
 from ingest.bronze.writer import BronzeWriter
 from ingest.errors import BronzeWriteError, IngestError
 from ingest.events import ChangeEvent, RelationShape, WriterKind, WriterPosition
+from ingest.ops.metrics import WriterMetrics
 from ingest.progress import Progress
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,8 @@ class Committer:
         self.durable_lsn = durable_lsn
         self.ack_lsn = ack_lsn
         self.progress = progress
+        self.metrics = WriterMetrics(source, source_kind, writer_id)  # once per batch, never per event
+        self.metrics.raised(0, durable_lsn)
         self.while_waiting: Callable[[], None] | None = None
         self._queue: queue.Queue[Batch | object] = queue.Queue(maxsize=MAX_IN_FLIGHT)
         self._error: BaseException | None = None
@@ -149,6 +152,7 @@ class Committer:
         # milliseconds (delta-rs), so there is nothing to win by letting it ride on a later batch.
         if batch.durable_lsn is not None and batch.durable_lsn > self.durable_lsn:
             self._raise(batch)
+        self.metrics.committed(batch.events, time.monotonic() - t0)
         log.info(
             "committed source=%s events=%d durable_lsn=%d seconds=%.2f",
             self.source,
@@ -170,5 +174,6 @@ class Committer:
         )
         self.writer.raise_position(pos, self.started_at)
         faults.hit("after_position_commit")
+        self.metrics.raised(self.durable_lsn, pos.durable_lsn)
         self.durable_lsn = pos.durable_lsn
         self.ack_lsn = pos.ack_lsn  # the caller acknowledges this to the source

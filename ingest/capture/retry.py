@@ -23,6 +23,7 @@ import psycopg
 from pymongo.errors import ConnectionFailure, NotPrimaryError
 
 from ingest.errors import RetriesExhaustedError, SourceUnavailableError
+from ingest.ops import metrics
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +95,12 @@ def retrying(
         try:
             return attempt()
         except BaseException as e:
-            if should_stop() or not is_transient(e):
+            if should_stop():
                 raise
+            if not is_transient(e):
+                metrics.ERRORS.labels(source, metrics.PERMANENT).inc()
+                raise
+            metrics.ERRORS.labels(source, metrics.TRANSIENT).inc()
             now = time.monotonic()
             since = since if since is not None else now
             failures += 1
@@ -118,6 +123,7 @@ def retrying(
             _sleep(delay, should_stop)
             if should_stop():
                 raise
+            metrics.RETRIES.labels(source).inc()
 
 
 def _sleep(seconds: float, should_stop: Callable[[], bool]) -> None:
