@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ingest.errors import ConfigError
+from ingest.masking import SourceMasks
 
 DEFAULT_WAREHOUSE = "./warehouse"
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -88,7 +89,76 @@ class SnapshotSettings(_Strict):
     reread_from: str | None = None
 
 
-class PostgresSource(_Strict):
+class TableColumns(_Strict):
+    """Columns of one table that must never land in bronze (docs/masking.md).
+
+    `exclude_columns` are never written (nor, on Postgres 15+, published); `mask_columns` are
+    written as the source's `mask_with` says (a keyed hash, or null). Key columns can be neither.
+    MongoDB: top-level fields of the collection's documents (`_id` can be neither).
+    """
+
+    exclude_columns: list[str] = Field(default_factory=list)
+    mask_columns: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _distinct(self) -> TableColumns:
+        for key, names in (("exclude_columns", self.exclude_columns), ("mask_columns", self.mask_columns)):
+            if any(not n for n in names):
+                raise ValueError(f"{key}: a column name is empty")
+            if len(set(names)) != len(names):
+                raise ValueError(f"{key}: a column is listed twice")
+        both = sorted(set(self.exclude_columns) & set(self.mask_columns))
+        if both:
+            raise ValueError(f"{', '.join(both)}: in both exclude_columns and mask_columns; pick one")
+        return self
+
+
+def _fold_table_entries(raw: Any, list_key: str, what: str) -> Any:
+    """Move `{name: t, exclude_columns: ..., mask_columns: ...}` entries of `list_key` into `columns`.
+
+    The inline form is short for the `columns:` mapping; both may be used, not for one table.
+    """
+    if not isinstance(raw, dict) or not isinstance(raw.get(list_key), list):
+        return raw
+    names: list[Any] = []
+    columns = dict(raw.get("columns") or {}) if isinstance(raw.get("columns") or {}, dict) else raw.get("columns")
+    for i, entry in enumerate(raw[list_key]):
+        if not isinstance(entry, dict):
+            names.append(entry)
+            continue
+        if not isinstance(entry.get("name"), str):
+            raise ValueError(f"{list_key}.{i}: a mapping entry needs `name: {what}`")
+        name = entry["name"]
+        if not isinstance(columns, dict) or name in columns:
+            raise ValueError(f"{list_key}.{i}: {name} has column rules here and under `columns:`; keep one")
+        columns[name] = {k: v for k, v in entry.items() if k != "name"}
+        names.append(name)
+    return {**raw, list_key: names, "columns": columns}
+
+
+class _MaskedSource(_Strict):
+    """Per-table column rules of a source, and how masked columns are written."""
+
+    columns: dict[str, TableColumns] = Field(default_factory=dict)
+    mask_with: Literal["hash", "null"] = "hash"
+    mask_salt_env: str | None = None
+
+    def masks(self) -> SourceMasks:
+        """The source's column rules with the salt read from the environment (ConfigError if unset)."""
+        name = getattr(self, "name", "?")
+        rules = {t: (c.exclude_columns, c.mask_columns) for t, c in self.columns.items()}
+        return SourceMasks.build(name, rules, self.mask_with, self.mask_salt_env)
+
+    @model_validator(mode="after")
+    def _salt_is_set(self) -> _MaskedSource:
+        try:
+            self.masks()
+        except ConfigError as e:
+            raise ValueError(f"mask_salt_env: {str(e).split(': ', 1)[-1]}") from None
+        return self
+
+
+class PostgresSource(_MaskedSource):
     """A Postgres source: a pgoutput slot over a publication of the listed tables.
 
     `on_history_lost`: what a slot that no longer continues where bronze left off does (it was
@@ -100,6 +170,7 @@ class PostgresSource(_Strict):
     kind: Literal["postgres"]
     name: str
     dsn: str
+    # `schema.table`, or `{name: schema.table, exclude_columns: [...], mask_columns: [...]}`.
     tables: list[str]
     slot: str | None = None
     publication: str | None = None
@@ -125,6 +196,18 @@ class PostgresSource(_Strict):
                 raise ValueError(f"{t!r} is not schema.table")
         return v
 
+    @model_validator(mode="before")
+    @classmethod
+    def _inline_columns(cls, raw: Any) -> Any:
+        return _fold_table_entries(raw, "tables", "schema.table")
+
+    @model_validator(mode="after")
+    def _columns_of_captured_tables(self) -> PostgresSource:
+        unknown = sorted(set(self.columns) - set(self.tables))
+        if unknown:
+            raise ValueError(f"columns: {', '.join(unknown)} is not one of the source's tables")
+        return self
+
     @property
     def slot_name(self) -> str:
         """The replication slot; `changelake_<name>` unless set."""
@@ -136,7 +219,7 @@ class PostgresSource(_Strict):
         return self.publication or f"changelake_{self.name}"
 
 
-class MongoSource(_Strict):
+class MongoSource(_MaskedSource):
     """A MongoDB source: one change stream over a database (or one collection) plus snapshots.
 
     `uri` holds credentials: give it as `${ENV}`. `collections` lists collection names of
@@ -151,6 +234,7 @@ class MongoSource(_Strict):
     name: str
     uri: str
     database: str
+    # collection names, or `{name: coll, exclude_columns: [...], mask_columns: [...]}` (top-level fields)
     collections: list[str] | None = None
     pre_post_images: bool = False
     max_await_seconds: Annotated[float, Field(gt=0, le=60)] = 1.0
@@ -191,6 +275,21 @@ class MongoSource(_Strict):
         if len(set(v)) != len(v):
             raise ValueError("collections are listed twice")
         return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _inline_columns(cls, raw: Any) -> Any:
+        return _fold_table_entries(raw, "collections", "collection")
+
+    @model_validator(mode="after")
+    def _columns_of_captured_collections(self) -> MongoSource:
+        unknown = sorted(set(self.columns) - set(self.collections)) if self.collections is not None else []
+        if unknown:
+            raise ValueError(f"columns: {', '.join(unknown)} is not one of the source's collections")
+        for coll, rules in self.columns.items():
+            if "_id" in rules.exclude_columns or "_id" in rules.mask_columns:
+                raise ValueError(f"columns.{coll}: _id is the key (record_pk): it cannot be excluded or masked")
+        return self
 
 
 SourceConfig = Annotated[PostgresSource | MongoSource, Field(discriminator="kind")]

@@ -12,6 +12,7 @@ from ingest.capture.retry import is_transient
 from ingest.config import PostgresSource
 from ingest.errors import SlotInvalidatedError, SourceError, SourceUnavailableError
 from ingest.events import lsn_to_int
+from ingest.sources.postgres.published import supports_column_lists, sync_column_lists, table_spec, wanted_column_list
 from ingest.sources.postgres.replication import safe_dsn, session_conninfo
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,12 @@ class PostgresAdmin:
             )
 
     def check_tables(self) -> None:
-        """Every configured table exists and can be keyed (a primary key or REPLICA IDENTITY FULL)."""
+        """Every configured table exists and can be keyed (a primary key or REPLICA IDENTITY FULL).
+
+        A table's key columns (the primary key; every column under REPLICA IDENTITY FULL without
+        one) can be neither excluded nor masked (ConfigError, before anything is changed).
+        """
+        masks = self.src.masks()
         for qualified in self.src.tables:
             schema, table = qualified.split(".")
             row = self._one(
@@ -108,6 +114,25 @@ class PostgresAdmin:
                     f"FULL, so its updates and deletes cannot be keyed; add a primary key or run "
                     f"ALTER TABLE {qualified} REPLICA IDENTITY FULL"
                 )
+            mask = masks.table(qualified)
+            if mask is not None:
+                ident = sql.Identifier(schema, table).as_string(self.conn)
+                oid = self._one("select %s::regclass::oid::bigint", (ident,))
+                assert oid is not None
+                key = self.primary_key(int(str(oid[0])))
+                if not key:
+                    key = [str(r[0]) for r in self._all_columns(schema, table)]
+                mask.check_key(qualified, key, self.src.name)
+
+    def _all_columns(self, schema: str, table: str) -> list[tuple[object, ...]]:
+        with self.conn.cursor() as cur:
+            cur.execute(
+                "select a.attname from pg_attribute a join pg_class c on c.oid = a.attrelid "
+                "join pg_namespace n on n.oid = c.relnamespace "
+                "where n.nspname = %s and c.relname = %s and a.attnum > 0 and not a.attisdropped",
+                (schema, table),
+            )
+            return cur.fetchall()
 
     def ensure_publication(self) -> None:
         """Create the publication for the configured tables, or add tables missing from it.
@@ -119,10 +144,18 @@ class PostgresAdmin:
         itself) plus `pg_publication_tables` (schema-wide and all-tables publications): the latter
         alone lists a root's partitions instead of the root unless it publishes via the root, and
         every start then tried to add the root again (DuplicateObject).
+
+        A table with excluded columns is published with a column list without them (Postgres 15+,
+        published.py); an existing publication's lists are checked and, if ingest manages it, set.
         """
         name = self.src.publication_name
         row = self._one("select pubviaroot from pg_publication where pubname = %s", (name,))
-        tables = [sql.Identifier(*t.split(".")) for t in self.src.tables]
+        masks = self.src.masks()
+        lists = supports_column_lists(self)
+        specs = {
+            t: table_spec(t, wanted_column_list(self, t, masks.table(t)) if lists else None) for t in self.src.tables
+        }
+        tables = list(specs.values())
         if row is None:
             if not self.src.create_publication:
                 raise SourceError(
@@ -153,7 +186,7 @@ class PostgresAdmin:
         if missing and self.src.create_publication:
             self.conn.execute(
                 sql.SQL("alter publication {} add table {}").format(
-                    sql.Identifier(name), sql.SQL(", ").join(sql.Identifier(*t.split(".")) for t in missing)
+                    sql.Identifier(name), sql.SQL(", ").join(specs[t] for t in missing)
                 )
             )
         elif missing:
@@ -169,6 +202,7 @@ class PostgresAdmin:
             self.conn.execute(
                 sql.SQL("alter publication {} set (publish_via_partition_root = true)").format(sql.Identifier(name))
             )
+        sync_column_lists(self)
 
     def partitioned_tables(self) -> list[str]:
         """The configured tables that are partitioned (captured as their root)."""

@@ -7,22 +7,35 @@ from dataclasses import dataclass
 from psycopg import sql
 
 from ingest.errors import SourceError
+from ingest.masking import TableMask
 from ingest.sources.postgres.admin import PostgresAdmin
+from ingest.sources.postgres.published import check_published
 from ingest.sources.postgres.values import TYPE_CATALOG_SQL, Encoder, TypeCatalog
 
 
 class PgCatalog:
-    """The ChangeBuilder's view of the source catalog: keys, type names and value encoders."""
+    """The ChangeBuilder's view of the source catalog: keys, type names, value encoders, column rules."""
 
     def __init__(self, admin: PostgresAdmin) -> None:
         """Load pg_type once; reloaded when a type created later shows up."""
         self.admin = admin
+        self.masks = admin.src.masks()
         self.types = TypeCatalog.from_rows(admin.type_catalog_rows(TYPE_CATALOG_SQL))
         self._names: dict[int, str] = {}
 
     def primary_key(self, relation_id: int) -> list[str]:
         """Primary-key columns of the relation, in key order."""
         return self.admin.primary_key(relation_id)
+
+    def table_mask(self, schema: str, table: str) -> TableMask | None:
+        """The configured excluded and masked columns of `schema.table` (None: none).
+
+        Asked on each Relation message; for a table with excluded columns it also checks that the
+        publication's column list still sends every other column (published.check_published).
+        """
+        mask = self.masks.table(f"{schema}.{table}")
+        check_published(self.admin, f"{schema}.{table}", mask)
+        return mask
 
     def _known(self, type_oid: int) -> None:
         if type_oid not in self._names:
@@ -98,6 +111,29 @@ def table_shape(admin: PostgresAdmin, table: str) -> TableShape:
     oids = tuple(int(str(c[1])) for c in cols)
     key_types = tuple(str(cols[i][2]) for i in pos)
     return TableShape(schema, name, names, oids, pos, key_types, partitioned=str(row[1]) == "p")
+
+
+def captured_shape(shape: TableShape, mask: TableMask | None, source: str) -> TableShape:
+    """`shape` without the columns the config excludes: a page never selects them (masking.py).
+
+    Raises ConfigError if a key column is excluded or masked (record_pk and the keyset cursor
+    carry the key as it is).
+    """
+    if mask is None:
+        return shape
+    table = f"{shape.schema}.{shape.name}"
+    mask.check_key(table, [shape.columns[i] for i in shape.key_positions], source)
+    keep = [i for i, c in enumerate(shape.columns) if c not in mask.exclude]
+    names = tuple(shape.columns[i] for i in keep)
+    return TableShape(
+        shape.schema,
+        shape.name,
+        names,
+        tuple(shape.type_oids[i] for i in keep),
+        tuple(names.index(shape.columns[i]) for i in shape.key_positions),
+        shape.key_types,
+        shape.partitioned,
+    )
 
 
 

@@ -8,12 +8,13 @@ live in `values.py`.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, runtime_checkable
 
 from ingest.errors import SourceError
 from ingest.events import Action, ChangeEvent, ColumnShape, RelationShape
+from ingest.masking import MASKED_JSON_KIND, TableMask
 from ingest.sources.postgres import native
 from ingest.sources.postgres.pgoutput import (
     Begin,
@@ -30,7 +31,7 @@ from ingest.sources.postgres.pgoutput import (
     decode,
     pg_to_unix_us,
 )
-from ingest.sources.postgres.rows import encode_key, encode_record, json_keys
+from ingest.sources.postgres.rows import encode_key, encode_record, json_keys, width_error
 
 _U32: Final = struct.Struct("!I")
 # Message type bytes the compiled decoder takes (pgoutput Insert, Update, Delete), and its actions.
@@ -54,6 +55,14 @@ class Catalog(Protocol):
         """format_type() of the type."""
 
 
+@runtime_checkable
+class MaskingCatalog(Protocol):
+    """A catalog that also says which columns of a table must never land (the source's config)."""
+
+    def table_mask(self, schema: str, table: str) -> TableMask | None:
+        """The table's excluded and masked columns, None if it has none."""
+
+
 @dataclass(frozen=True, slots=True)
 class TxnEnd:
     """A source transaction is complete: events up to it may be made durable and acknowledged."""
@@ -74,6 +83,18 @@ class _Rel:
     pk_idx: tuple[int, ...]
     shape: RelationShape
     native: Any = None  # the compiled decoder of this relation's rows (native.py), if it has one
+    # Positions of the columns written when some are excluded (masking.py), and the relation's
+    # width as sent; None: every column (no cost on the unmasked path).
+    keep: tuple[int, ...] | None = None
+    width: int = 0
+
+    def project(self, values: Sequence[Any]) -> Sequence[Any]:
+        """The row's written columns: all of them, or those `keep` lists (excluded ones dropped)."""
+        if self.keep is None:
+            return values
+        if len(values) != self.width:
+            raise width_error(self.table, len(values), self.width)
+        return [values[i] for i in self.keep]
 
 
 class ChangeBuilder:
@@ -82,6 +103,8 @@ class ChangeBuilder:
     Responsibilities: track the open transaction (commit LSN from Begin, xid, commit time), number
     every Insert/Update/Delete/Truncate/Message from 0 (DESIGN §2), keep the relation cache, encode
     rows and keys to JSON, and collect table shapes not seen before (for bronze.source_relations).
+    Columns a table excludes are dropped and masked ones hashed (or nulled) before any JSON is
+    built, in `record`, `old_record` and the shape alike; such relations take the Python path.
     """
 
     def __init__(self, catalog: Catalog, use_native: bool = True) -> None:
@@ -91,6 +114,7 @@ class ChangeBuilder:
         """
         self.catalog = catalog
         self.use_native = use_native
+        self._masks = catalog.table_mask if isinstance(catalog, MaskingCatalog) else None
         self._rels: dict[int, _Rel] = {}
         self.in_txn = False
         self._commit_lsn = 0
@@ -101,16 +125,31 @@ class ChangeBuilder:
 
     # -- relations -------------------------------------------------------------------------
     def _relation(self, msg: Relation) -> None:
-        names = tuple(c.name for c in msg.columns)
+        all_names = tuple(c.name for c in msg.columns)
         pk = self.catalog.primary_key(msg.relation_id)
         if not pk:
             if msg.replica_identity != "f":
                 raise SourceError(f"table {msg.namespace}.{msg.name} has no primary key and no REPLICA IDENTITY FULL")
-            pk = list(names)
-        missing = [k for k in pk if k not in names]
+            pk = list(all_names)
+        missing = [k for k in pk if k not in all_names]
         if missing:
             raise SourceError(f"table {msg.namespace}.{msg.name}: key columns {missing} not in the relation")
+        mask = self._masks(msg.namespace, msg.name) if self._masks is not None else None
+        keep: tuple[int, ...] | None = None
+        columns = msg.columns
+        if mask is not None:
+            bad = mask.touches(pk)
+            if bad:
+                raise SourceError(
+                    f"table {msg.namespace}.{msg.name}: key column {', '.join(bad)} is excluded or masked in the "
+                    "config; record_pk must carry the key as it is (docs/masking.md)"
+                )
+            if any(c.name in mask.exclude for c in columns):
+                keep = tuple(i for i, c in enumerate(columns) if c.name not in mask.exclude)
+                columns = tuple(columns[i] for i in keep)
+        names = tuple(c.name for c in columns)
         pk_idx = tuple(names.index(k) for k in pk)
+        masked = mask.mask if mask is not None else frozenset()
         cols = tuple(
             ColumnShape(
                 name=c.name,
@@ -119,16 +158,21 @@ class ChangeBuilder:
                 type_modifier=c.type_modifier,
                 is_key=c.is_key,
                 pk_position=pk.index(c.name) + 1 if c.name in pk else None,
-                json_kind=self.catalog.json_kind(c.type_oid),
+                json_kind=MASKED_JSON_KIND if c.name in masked else self.catalog.json_kind(c.type_oid),
             )
-            for c in msg.columns
+            for c in columns
         )
         shape = RelationShape(msg.relation_id, msg.namespace, msg.name, msg.replica_identity, cols, self._commit_lsn)
         old = self._rels.get(msg.relation_id)
         if old is None or old.shape.shape_hash != shape.shape_hash:
             self.new_shapes.append(shape)
         keys_json = json_keys(names)
-        encoders = tuple(self.catalog.encoder(c.type_oid) for c in msg.columns)
+        encoders = tuple(self.catalog.encoder(c.type_oid) for c in columns)
+        if mask is not None and masked:
+            hashed = mask.encoder()
+            encoders = tuple(hashed if n in masked else e for n, e in zip(names, encoders, strict=True))
+        # The compiled decoder knows no exclusions or masks: a relation with any stays in Python.
+        compiled = self.use_native and mask is None
         self._rels[msg.relation_id] = _Rel(
             msg.namespace,
             msg.name,
@@ -138,7 +182,9 @@ class ChangeBuilder:
             encoders,
             pk_idx,
             shape,
-            native.row_encoder(encoders, keys_json, names, pk_idx) if self.use_native else None,
+            native.row_encoder(encoders, keys_json, names, pk_idx) if compiled else None,
+            keep,
+            len(all_names),
         )
 
     def _rel(self, relation_id: int) -> _Rel:
@@ -222,26 +268,30 @@ class ChangeBuilder:
         match msg:
             case Insert():
                 rel = self._rel(msg.relation_id)
-                record, toast = encode_record(rel.table, rel.keys_json, rel.encoders, rel.names, msg.new)
-                pk = encode_key(rel.table, rel.keys_json, rel.encoders, rel.pk_idx, msg.new)
+                new = rel.project(msg.new)
+                record, toast = encode_record(rel.table, rel.keys_json, rel.encoders, rel.names, new)
+                pk = encode_key(rel.table, rel.keys_json, rel.encoders, rel.pk_idx, new)
                 return self._row_event(Action.INSERT, rel, msg.relation_id, pk, None, record, None, toast)
             case Update():
                 rel = self._rel(msg.relation_id)
-                record, toast = encode_record(rel.table, rel.keys_json, rel.encoders, rel.names, msg.new)
+                new = rel.project(msg.new)
+                old = rel.project(msg.old) if msg.old is not None else None
+                record, toast = encode_record(rel.table, rel.keys_json, rel.encoders, rel.names, new)
                 # An unchanged-TOAST key column takes its value from the old tuple (encode_key); in
                 # `record` it stays absent and listed in `unchanged_toast`, like any other column.
-                pk = encode_key(rel.table, rel.keys_json, rel.encoders, rel.pk_idx, msg.new, msg.old)
+                pk = encode_key(rel.table, rel.keys_json, rel.encoders, rel.pk_idx, new, old)
                 old_record = old_pk = None
-                if msg.old is not None:
-                    old_record, _ = encode_record(rel.table, rel.keys_json, rel.encoders, rel.names, msg.old)
-                    old_pk = encode_key(rel.table, rel.keys_json, rel.encoders, rel.pk_idx, msg.old)
+                if old is not None:
+                    old_record, _ = encode_record(rel.table, rel.keys_json, rel.encoders, rel.names, old)
+                    old_pk = encode_key(rel.table, rel.keys_json, rel.encoders, rel.pk_idx, old)
                     if old_pk == pk:
                         old_pk = None
                 return self._row_event(Action.UPDATE, rel, msg.relation_id, pk, old_pk, record, old_record, toast)
             case Delete():
                 rel = self._rel(msg.relation_id)
-                old_record, _ = encode_record(rel.table, rel.keys_json, rel.encoders, rel.names, msg.old)
-                pk = encode_key(rel.table, rel.keys_json, rel.encoders, rel.pk_idx, msg.old)
+                old = rel.project(msg.old)
+                old_record, _ = encode_record(rel.table, rel.keys_json, rel.encoders, rel.names, old)
+                pk = encode_key(rel.table, rel.keys_json, rel.encoders, rel.pk_idx, old)
                 return self._row_event(Action.DELETE, rel, msg.relation_id, pk, None, None, old_record, None)
             case Begin():
                 if self.in_txn:

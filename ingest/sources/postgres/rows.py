@@ -18,7 +18,8 @@ def json_keys(names: Iterable[str]) -> tuple[str, ...]:
     return tuple(json_str(n) + ":" for n in names)
 
 
-def _width_error(table: str, width: int, columns: int) -> ValueMappingError:
+def width_error(table: str, width: int, columns: int) -> ValueMappingError:
+    """The error of a row whose width is not its relation's (a Relation message was missed)."""
     return ValueMappingError(
         f"table {table}: a row has {width} columns but the relation has {columns}; "
         "a Relation message was missed or applied to the wrong table"
@@ -47,7 +48,7 @@ def encode_record(
     Relation message was missed) or, naming the column too, if a value does not map.
     """
     if len(values) != len(keys_json):
-        raise _width_error(table, len(values), len(keys_json))
+        raise width_error(table, len(values), len(keys_json))
     # An index loop: measured faster than zip() here (CPython 3.11), and this is the hot path.
     parts: list[str] = []
     toast: list[str] | None = None
@@ -95,13 +96,13 @@ def encode_key(
     in encode_record.
     """
     if len(values) != len(keys_json):
-        raise _width_error(table, len(values), len(keys_json))
+        raise width_error(table, len(values), len(keys_json))
     parts = []
     for i in key_positions:
         v = values[i]
         if v is UNCHANGED_TOAST and old is not None:
             if len(old) != len(keys_json):
-                raise _width_error(table, len(old), len(keys_json))
+                raise width_error(table, len(old), len(keys_json))
             v = old[i]
             if not isinstance(v, bytes):  # NULL (not sent) or unchanged again: no value to take
                 v = UNCHANGED_TOAST

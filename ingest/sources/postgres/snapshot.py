@@ -33,7 +33,7 @@ from ingest.events import SnapshotPage, SourceKind, WriterKind, WriterPosition
 from ingest.positions import SnapshotProgress, SourcePositions, snapshot_writer_id
 from ingest.progress import Progress
 from ingest.sources.postgres.admin import PostgresAdmin
-from ingest.sources.postgres.catalog import estimate_rows, table_shape
+from ingest.sources.postgres.catalog import captured_shape, estimate_rows, table_shape
 from ingest.sources.postgres.pages import Hook, PageReader
 from ingest.sources.postgres.rereads import RereadKeys
 from ingest.sources.postgres.values import TYPE_CATALOG_SQL, TypeCatalog
@@ -133,6 +133,7 @@ class Snapshotter:
         self.completed: list[SnapshotTask] = []
         self.progress = progress
         self._rereads = RereadKeys(src, writer)
+        self.masks = src.masks()  # excluded columns are never read, masked ones masked before a page is built
 
     # -- registration ----------------------------------------------------------------------
     def load(self) -> list[SnapshotTask]:
@@ -230,8 +231,12 @@ class Snapshotter:
         types: TypeCatalog,
         should_stop: Callable[[], bool],
     ) -> bool:
-        shape = table_shape(admin, task.table)
+        mask = self.masks.table(task.table)
+        shape = captured_shape(table_shape(admin, task.table), mask, self.src.name)
         encoders = [types.column_encoder(oid) for oid in shape.type_oids]
+        if mask is not None and mask.mask:
+            hashed = mask.encoder()
+            encoders = [hashed if c in mask.mask else e for c, e in zip(shape.columns, encoders, strict=True)]
         last = self.writer.last_durable_page(self.src.name, task.snapshot_id)
         page = 0
         if last is not None:

@@ -1,0 +1,144 @@
+"""Columns that must never land in bronze: which a table excludes and masks, and the mask itself.
+
+Bronze is forever (append-only, and copied into every silver and gold model), so a PII value that
+lands once can never be taken back. Per table the config names `exclude_columns` (never written:
+not in `record`, `old_record`, snapshot pages or the table's shape) and `mask_columns` (written as
+a keyed hash, or as null). Sources apply these rules where they turn a row into bronze JSON; this
+module holds the rules and the mask, and knows nothing of Postgres or MongoDB.
+
+The mask is HMAC-SHA256 keyed with a secret salt read from the environment variable the config
+names (`mask_salt_env`), written as 64 lowercase hex digits: equal values give equal hashes (joins
+and distinct counts still work, across tables and sources that share the salt), and without the
+salt a hash cannot be checked against guessed values (a plain hash of an e-mail address can).
+What is hashed is the value's text: Postgres's text output of it, the string itself for a MongoDB
+string, and its canonical Extended JSON for any other MongoDB value. NULL stays null.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Final
+
+from ingest.errors import ConfigError
+
+MASKED_JSON_KIND: Final = "masked"  # bronze.source_relations json_kind of a masked column
+MIN_SALT_CHARS: Final = 16  # a shorter salt is guessable, and then so is every masked value
+
+
+class MaskWith(StrEnum):
+    """What a masked column holds in bronze."""
+
+    HASH = "hash"  # HMAC-SHA256 of the value with the secret salt, hex
+    NULL = "null"  # JSON null
+
+
+def mask_hash(salt: bytes, value: bytes) -> str:
+    """HMAC-SHA256 of `value` keyed with `salt`, as 64 lowercase hex digits."""
+    return hmac.new(salt, value, hashlib.sha256).hexdigest()
+
+
+def read_salt(env_var: str, where: str) -> bytes:
+    """The salt held by environment variable `env_var`; ConfigError naming `where` if unset or short."""
+    salt = os.environ.get(env_var)
+    if not salt:
+        raise ConfigError(
+            f"{where}: environment variable {env_var} is not set; it must hold the secret salt of the "
+            f"masked columns' hashes (at least {MIN_SALT_CHARS} characters, e.g. `openssl rand -hex 32`)"
+        )
+    if len(salt) < MIN_SALT_CHARS:
+        raise ConfigError(f"{where}: the salt in {env_var} is shorter than {MIN_SALT_CHARS} characters")
+    return salt.encode()
+
+
+@dataclass(frozen=True, slots=True)
+class TableMask:
+    """The rules of one table: the columns it leaves out and the columns it masks, and how.
+
+    `salt` is None when `mask_with` is null (nothing is hashed).
+    """
+
+    exclude: frozenset[str]
+    mask: frozenset[str]
+    mask_with: MaskWith
+    salt: bytes | None
+
+    def touches(self, columns: Iterable[str]) -> list[str]:
+        """Which of `columns` this table excludes or masks (in the given order)."""
+        return [c for c in columns if c in self.exclude or c in self.mask]
+
+    def check_key(self, table: str, key: Iterable[str], source: str) -> None:
+        """Refuse excluding or masking a key column: `record_pk` must identify the row.
+
+        A hashed key would still identify it, but snapshots keep the key's source text as their
+        keyset cursor (`snapshot_pages.key_text`) and re-reads look rows up by key, so the value
+        would land anyway; so the rule is simply no.
+        """
+        bad = self.touches(key)
+        if bad:
+            raise ConfigError(
+                f"sources.{source}: table {table}: {', '.join(bad)} is part of the row's key (the primary key, "
+                "or every column of a table keyed by REPLICA IDENTITY FULL), which record_pk must carry as it "
+                "is: it cannot be excluded or masked"
+            )
+
+    def encoder(self) -> Callable[[bytes], str]:
+        """The JSON fragment of a masked value given as its text bytes (a Postgres value encoder)."""
+        if self.mask_with is MaskWith.NULL or self.salt is None:
+            return _null_fragment
+        salt = self.salt
+        return lambda value: '"' + mask_hash(salt, value) + '"'
+
+    def mask_text(self, text: str) -> str | None:
+        """The masked value of a value given as text: its hash, or None for `null`."""
+        if self.mask_with is MaskWith.NULL or self.salt is None:
+            return None
+        return mask_hash(self.salt, text.encode())
+
+
+def _null_fragment(_value: bytes) -> str:
+    return "null"
+
+
+class SourceMasks:
+    """The rules of one source, by table (`schema.table`, or a MongoDB collection's name)."""
+
+    def __init__(self, tables: Mapping[str, TableMask]) -> None:
+        """Keep the rules of the tables that have any."""
+        self._tables = {t: m for t, m in tables.items() if m.exclude or m.mask}
+
+    def __bool__(self) -> bool:
+        """Whether any table of the source excludes or masks a column."""
+        return bool(self._tables)
+
+    def table(self, name: str) -> TableMask | None:
+        """The rules of table `name`, None if it has none (the unmasked path: no cost)."""
+        return self._tables.get(name)
+
+    @classmethod
+    def build(
+        cls,
+        source: str,
+        columns: Mapping[str, tuple[Iterable[str], Iterable[str]]],
+        mask_with: str,
+        salt_env: str | None,
+    ) -> SourceMasks:
+        """Rules from the config: `columns` maps a table to its (exclude_columns, mask_columns).
+
+        Reads the salt from `salt_env` when some column is masked with `hash` (ConfigError if unset).
+        """
+        how = MaskWith(mask_with)
+        masks_any = any(list(m) for _e, m in columns.values())
+        salt = None
+        if masks_any and how is MaskWith.HASH:
+            if salt_env is None:
+                raise ConfigError(
+                    f"sources.{source}.mask_salt_env: required when mask_columns are set with mask_with: hash "
+                    "(the environment variable holding the hash's secret salt)"
+                )
+            salt = read_salt(salt_env, f"sources.{source}.mask_salt_env")
+        return cls({t: TableMask(frozenset(e), frozenset(m), how, salt) for t, (e, m) in columns.items()})
