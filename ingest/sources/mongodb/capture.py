@@ -235,7 +235,8 @@ class MongoCapture:
         Batching, re-delivery skips and position raises are the shared TransactionBatcher's. A
         transaction here is the events sharing one clusterTime.
         """
-        mapper = ChangeMapper(self.scope, collections(client, self.src) if self.scope.coll is None else ())
+        known = collections(client, self.src) if self.scope.coll is None else ()
+        mapper = ChangeMapper(self.scope, known, self.src.masks())
         batcher = TransactionBatcher(committer, self.batch, resume)
         self.batcher = batcher
         open_lsn: int | None = None  # the transaction whose events are still arriving
@@ -285,7 +286,7 @@ class MongoCapture:
                 stream.close()
                 log.warning("source=%s stream invalidated; reopening with startAfter", self.src.name)
                 stream = self._open(client, (START_AFTER, mapped.token))
-                mapper = ChangeMapper(self.scope, sorted(mapper.known))
+                mapper = ChangeMapper(self.scope, sorted(mapper.known), mapper.masks)
             self.progress.tick(None)
         if batcher.has_work:
             complete_open(time.monotonic())

@@ -23,6 +23,7 @@ from bson.timestamp import Timestamp
 
 from ingest.errors import UnmappableEventError
 from ingest.events import Action, ChangeEvent
+from ingest.masking import SourceMasks, TableMask
 from ingest.sources.mongodb import compat
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,32 @@ def resume_token_position(token: Mapping[str, Any] | None) -> int | None:
         return None
 
 
+def mask_value(mask: TableMask, value: Any) -> str | None:
+    """A masked field's value: the hash of a string's text or of another value's canonical Extended JSON."""
+    if value is None:
+        return None
+    return mask.mask_text(value if isinstance(value, str) else ext_json(value))
+
+
+def mask_document(doc: Mapping[str, Any], mask: TableMask | None) -> Mapping[str, Any]:
+    """`doc` without its excluded top-level fields and with its masked ones masked (masking.py), in order."""
+    if mask is None:
+        return doc
+    return {k: mask_value(mask, v) if k in mask.mask else v for k, v in doc.items() if k not in mask.exclude}
+
+
+def _mask_updated_fields(fields: Mapping[str, Any], mask: TableMask | None) -> Mapping[str, Any]:
+    """An update's `updatedFields` (dotted paths) with the rules of each path's top-level field."""
+    if mask is None:
+        return fields
+    out = {}
+    for path, value in fields.items():
+        top = path.split(".", 1)[0]
+        if top not in mask.exclude:
+            out[path] = mask_value(mask, value) if top in mask.mask else value
+    return out
+
+
 def record_key(document_id: Any) -> str:
     """`record_pk` of a document: `{"_id": <canonical Extended JSON>}` (shard-key fields left out)."""
     return ext_json({"_id": document_id})
@@ -139,13 +166,17 @@ class ChangeMapper:
     clusterTime boundary (the stream resumes only from tokens stored at one).
     """
 
-    def __init__(self, scope: Namespace, known_collections: Sequence[str] = ()) -> None:
+    def __init__(
+        self, scope: Namespace, known_collections: Sequence[str] = (), masks: SourceMasks | None = None
+    ) -> None:
         """Map the events of a stream watching `scope` (a collection, or a database if coll is None).
 
         `known_collections` are the in-scope collections at start (a dropDatabase tombstones
-        them and every collection seen since).
+        them and every collection seen since). `masks`: the fields each collection excludes and
+        masks (the document, its pre-image and an update's updatedFields alike).
         """
         self.scope = scope
+        self.masks = masks or SourceMasks({})
         self.known: set[str] = set(known_collections)
         self._lsn: int | None = None  # the clusterTime of the previous event
         self._index = 0
@@ -223,6 +254,10 @@ class ChangeMapper:
             )
         before = doc.get("fullDocumentBeforeChange")
         action = ROW_ACTIONS[op]
+        mask = self.masks.table(ns.coll) if ns.coll is not None else None
+        if mask is not None:
+            full = mask_document(full, mask) if full is not None else None
+            before = mask_document(before, mask) if before is not None else None
         record = ext_json(full) if full is not None and action != Action.DELETE else None
         if before is not None:
             old_record: str | None = ext_json(before)
@@ -236,7 +271,7 @@ class ChangeMapper:
             prefix = UPDATE_DESCRIPTION_PREFIX
             content = ext_json(
                 {
-                    "updatedFields": description.get("updatedFields", {}),
+                    "updatedFields": _mask_updated_fields(description.get("updatedFields", {}), mask),
                     "removedFields": description.get("removedFields", []),
                     "truncatedArrays": description.get("truncatedArrays", []),
                 }

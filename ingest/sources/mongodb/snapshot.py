@@ -28,7 +28,14 @@ from ingest.errors import SourceError
 from ingest.events import SnapshotPage, SnapshotRow, SourceKind, WriterKind, WriterPosition
 from ingest.positions import SnapshotProgress, SourcePositions
 from ingest.sources.mongodb import compat
-from ingest.sources.mongodb.changes import Namespace, ext_json, from_ext_json, pack_cluster_time, record_key
+from ingest.sources.mongodb.changes import (
+    Namespace,
+    ext_json,
+    from_ext_json,
+    mask_document,
+    pack_cluster_time,
+    record_key,
+)
 from ingest.sources.mongodb.source import cluster_time
 
 log = logging.getLogger(__name__)
@@ -68,6 +75,7 @@ class MongoSnapshotter:
         """Snapshot `collection` of `src`; with `state` (a writer row), resume that snapshot."""
         self.src, self.client, self.writer = src, client, writer
         self.ns = Namespace(src.database, collection)
+        self.masks = src.masks()
         self.state = state or SnapshotProgress(self.ns.qualified, str(uuid.uuid4()))
         self.writer_id = self.state.writer_id
         self.started_at = datetime.now(UTC)
@@ -166,7 +174,10 @@ class MongoSnapshotter:
         at = cursor.get("atClusterTime")
         if not isinstance(at, Timestamp):
             at = self._fallback_cluster_time()
-        rows = tuple(SnapshotRow(record_key(d["_id"]), ext_json(d), (ext_json(d["_id"]),)) for d in docs)
+        mask = self.masks.table(self.ns.coll or "")  # excluded fields dropped, masked ones masked (masking.py)
+        rows = tuple(
+            SnapshotRow(record_key(d["_id"]), ext_json(mask_document(d, mask)), (ext_json(d["_id"]),)) for d in docs
+        )
         return SnapshotPage(
             snapshot_id=self.state.snapshot_id,
             table_schema=self.ns.db,
