@@ -84,3 +84,23 @@ def test_an_unreadable_consumer_records_is_an_error_not_an_empty_answer(tmp_path
     with pytest.raises(BronzeWriteError, match="cannot read needs_reread keys from"):
         snap.request_rereads(lambda: 1000)
     assert [p for p, _ in snap.writer.positions(s.name)] == []  # nothing was registered
+
+
+def test_a_configured_reread_path_that_is_not_a_table_is_an_error(tmp_path: Path, make_source: Any) -> None:
+    """W10: keys silver marks needs_reread were silently never re-read when silver lived elsewhere."""
+    from ingest.config import SnapshotSettings
+
+    s = make_source("create table items (id int primary key, v text)", ["items"])
+    src = s.config(snapshot=SnapshotSettings(reread_from=str(tmp_path / "elsewhere" / "consumer_records")))
+    snap = snapshotter(tmp_path / "warehouse", src)
+    with pytest.raises(BronzeWriteError, match="reread_from .* is not a Delta table"):
+        snap.request_rereads(lambda: 1000)
+
+
+def test_no_silver_yet_is_said_once(tmp_path: Path, make_source: Any, caplog: pytest.LogCaptureFixture) -> None:
+    s = make_source("create table items (id int primary key, v text)", ["items"])
+    snap = snapshotter(tmp_path / "warehouse", s.config())
+    caplog.set_level("INFO", logger="ingest")
+    assert snap.request_rereads(lambda: 1000) == snap.request_rereads(lambda: 1000) == []
+    said = [r for r in caplog.records if "no silver consumer_records" in r.getMessage()]
+    assert len(said) == 1 and "snapshot.reread_from" in said[0].getMessage()

@@ -10,10 +10,13 @@ unless `snapshot.reread_from` says otherwise) and its columns `source`, `table_s
 from __future__ import annotations
 
 import json
+import logging
 
 from ingest.bronze.writer import BronzeWriter
 from ingest.config import PostgresSource
 from ingest.errors import BronzeWriteError
+
+log = logging.getLogger(__name__)
 
 
 class RereadKeys:
@@ -25,10 +28,24 @@ class RereadKeys:
         self.writer = writer
         self.path = src.snapshot.reread_from or f"{writer.warehouse}/dbt/silver.db/consumer_records"
         self._seen: set[tuple[object, ...]] = set()
+        self._said_missing = False
 
     def keys_to_reread(self) -> dict[str, list[tuple[str, ...]]]:
         """New keys (as key text, in key order) per configured table; none if dbt has not built silver yet."""
         if not self.writer.tables.exists(self.path):
+            if self.src.snapshot.reread_from:
+                raise BronzeWriteError(
+                    f"snapshot.reread_from of source {self.src.name!r} names {self.path}, which is not a Delta "
+                    "table: no key silver marks needs_reread could be re-read (point it at consumer_records)"
+                )
+            if not self._said_missing:  # said once per run (-v), not silently (review finding W10)
+                log.info(
+                    "source=%s: no silver consumer_records at %s (dbt has not built it yet, or silver lives "
+                    "elsewhere: set snapshot.reread_from), so keys silver marks needs_reread are not re-read",
+                    self.src.name,
+                    self.path,
+                )
+                self._said_missing = True
             return {}
         # delta-rs's query engine applies consumer_records' deletion vectors; its pyarrow dataset
         # reader refuses such a table (DeltaProtocolError) rather than return deleted rows. Any
