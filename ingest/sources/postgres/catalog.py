@@ -140,7 +140,9 @@ def captured_shape(shape: TableShape, mask: TableMask | None, source: str) -> Ta
 def estimate_rows(admin: PostgresAdmin, table: str) -> int | None:
     """The planner's row estimate of `table` (pg_class.reltuples), None if never analyzed."""
     with admin.conn.cursor() as cur:
-        cur.execute("select reltuples::bigint from pg_class where oid = %s::regclass", (table,))
+        # regclass parses its input as SQL: a mixed-case or special name must be quoted (review C3)
+        ident = sql.Identifier(*table.split(".", 1)).as_string(admin.conn)
+        cur.execute("select reltuples::bigint from pg_class where oid = %s::regclass", (ident,))
         row = cur.fetchone()
     n = int(str(row[0])) if row is not None and row[0] is not None else -1
     return n if n >= 0 else None
