@@ -17,11 +17,13 @@ from ingest.events import lsn_to_int
 from ingest.ops.health import SlotState
 from ingest.sources.postgres.admin import connect
 
-# safe_wal_size and max_slot_wal_keep_size exist from PostgreSQL 13 (ingest requires 14).
+# safe_wal_size and max_slot_wal_keep_size exist from PostgreSQL 13 on.
 SLOT_STATE_SQL: Final = (
     "select s.slot_name is not null, s.confirmed_flush_lsn::text, pg_current_wal_lsn()::text, s.wal_status, "
     "s.safe_wal_size, s.active_pid, pg_size_bytes(current_setting('max_slot_wal_keep_size')), "
-    "greatest(0, pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn))::bigint "
+    # greatest() skips a null: without the case, a missing slot would show lag 0
+    "case when s.confirmed_flush_lsn is not null "
+    "then greatest(0, pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn))::bigint end "
     "from (select 1) one left join pg_replication_slots s on s.slot_name = %s"
 )
 

@@ -1,0 +1,74 @@
+"""Prometheus metrics of a continuous `run` against the real PostgreSQL move as the workload does (issue 17)."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.helpers.ingest_process import free_port, key, scrape, start_run, stop, wait_for, write_config
+from tests.helpers.pg import bronze_events, prepare
+
+pytestmark = pytest.mark.integration
+
+
+def test_metrics_follow_a_running_stream(tmp_path: Path, make_source: Any) -> None:
+    s = make_source("create table items (id int primary key, note text)", ["items"])
+    src = s.config()
+    prepare(src)
+    source = {"kind": "postgres", "name": s.name, "dsn": s.dsn, "tables": s.tables, "snapshot": {"initial": False}}
+    # No heartbeats during the test: every event counted is a row the test inserted.
+    source["heartbeat_seconds"] = 3600
+    cfg = write_config(tmp_path, source)
+    port = free_port()
+    proc = start_run(cfg, "--metrics-port", str(port))
+    lbl = {"source": s.name}
+    stream = {"source": s.name, "writer": "stream"}
+    slot = {"source": s.name, "slot": src.slot_name}
+    events = key("changelake_events_total", **stream)
+    try:
+        wait_for(lambda: key("changelake_slot_lag_bytes", **slot) in scrape(port), proc, 60)
+        wait_for(lambda: events in scrape(port), proc, 60)
+        before = scrape(port)
+        assert before[events] == 0
+        assert before[key("changelake_source_up", **lbl)] == 1
+        assert before[key("changelake_slot_wal_status", **slot, wal_status="reserved")] == 1
+        assert before[key("changelake_slot_wal_status", **slot, wal_status="lost")] == 0
+        keep = before[key("changelake_slot_max_wal_keep_size_bytes", **lbl)]
+        assert keep > 0 or math.isnan(keep)
+        position0 = before[key("changelake_writer_durable_position", **stream)]
+
+        with psycopg.connect(s.dsn, autocommit=True) as c:
+            for i in range(50):  # 50 transactions of 10 rows
+                with c.transaction():
+                    for j in range(10):
+                        c.execute(f"insert into {s.tables[0]} values (%s, repeat('x', 200))", (i * 10 + j,))
+        t_inserted = time.time()
+        wait_for(lambda: scrape(port).get(events) == 500, proc, 60)
+        wait_for(lambda: key("changelake_safe_bound_position", **lbl) in scrape(port), proc, 30)
+        after = scrape(port)
+    finally:
+        rc, err = stop(proc)
+    assert rc == 0, err
+    assert len(bronze_events(tmp_path / "warehouse", s.name)) == 500
+    batches = after[key("changelake_batches_total", **stream)]
+    assert batches >= 1
+    assert after[key("changelake_commit_duration_seconds_count", **stream)] == batches
+    assert after[key("changelake_commit_duration_seconds_bucket", **stream, le="+Inf")] == batches
+    # Freshness: the newest event reached bronze within seconds of its commit.
+    assert 0 <= after[key("changelake_freshness_seconds", **lbl)] < 30
+    assert abs(after[key("changelake_last_event_commit_timestamp_seconds", **lbl)] - t_inserted) < 30
+    assert after[key("changelake_batch_freshness_seconds_count", **lbl)] >= 1
+    # Positions and WAL bytes moved by at least the WAL of 500 rows of ~200 bytes.
+    assert after[key("changelake_writer_durable_position", **stream)] - position0 > 500 * 200
+    assert after[key("changelake_wal_bytes_total", **lbl)] > 500 * 200
+    assert after[key("changelake_safe_bound_position", **lbl)] > position0
+    assert after[key("changelake_slot_lag_bytes", **slot)] >= 0
+    safe = after[key("changelake_slot_safe_wal_size_bytes", **slot)]
+    assert safe > 0 or math.isnan(safe)
+    assert after[key("changelake_alert_active", **lbl, alert="slot_lost")] == 0
+    assert not any(k.startswith("changelake_errors_total") and v for k, v in after.items())
