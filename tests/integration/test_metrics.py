@@ -51,10 +51,19 @@ def test_metrics_follow_a_running_stream(tmp_path: Path, make_source: Any) -> No
         wait_for(lambda: scrape(port).get(events) == 500, proc, 60)
         wait_for(lambda: key("changelake_safe_bound_position", **lbl) in scrape(port), proc, 30)
         after = scrape(port)
+
+        # A killed walsender: the run retries from its durable position, and the counters say so.
+        s.execute(
+            "select pg_terminate_backend(active_pid) from pg_replication_slots where slot_name = %s", (src.slot_name,)
+        )
+        with psycopg.connect(s.dsn, autocommit=True) as c:
+            c.execute(f"insert into {s.tables[0]} select g, 'y' from generate_series(1000, 1009) g")
+        wait_for(lambda: scrape(port).get(events) == 510, proc, 90)
+        outage = scrape(port)
     finally:
         rc, err = stop(proc)
     assert rc == 0, err
-    assert len(bronze_events(tmp_path / "warehouse", s.name)) == 500
+    assert len(bronze_events(tmp_path / "warehouse", s.name)) == 510
     batches = after[key("changelake_batches_total", **stream)]
     assert batches >= 1
     assert after[key("changelake_commit_duration_seconds_count", **stream)] == batches
@@ -72,3 +81,6 @@ def test_metrics_follow_a_running_stream(tmp_path: Path, make_source: Any) -> No
     assert safe > 0 or math.isnan(safe)
     assert after[key("changelake_alert_active", **lbl, alert="slot_lost")] == 0
     assert not any(k.startswith("changelake_errors_total") and v for k, v in after.items())
+    assert outage[key("changelake_retries_total", **lbl)] >= 1
+    assert outage[key("changelake_errors_total", **lbl, kind="transient")] >= 1
+    assert outage.get(key("changelake_errors_total", **lbl, kind="permanent"), 0) == 0

@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ingest import cli
 from ingest.capture import retry
-from ingest.errors import SourceError, SourceUnavailableError
+from ingest.config import parse_config
+from ingest.errors import ConfigError, SourceError, SourceUnavailableError
 from ingest.events import Action, ChangeEvent, SourceKind
 from ingest.ops import metrics
 from ingest.ops.metrics import REGISTRY, WriterMetrics, metric_names
@@ -152,3 +154,28 @@ def test_the_endpoint_serves_the_registry_only() -> None:
     assert "process_cpu_seconds_total" not in body and "python_gc" not in body
     with pytest.raises(OSError):
         metrics.serve(port, "127.0.0.1")  # taken: app.run turns this into a config error naming the key
+
+
+def test_metrics_and_alerts_config_keys() -> None:
+    base = "sources: [{kind: postgres, name: s, dsn: x, tables: [a.b]}]\n"
+    cfg = parse_config(base + "metrics: {port: 9464}\nalerts: {max_lag_bytes: 1000, max_position_age_seconds: 60}\n")
+    assert (cfg.metrics.port, cfg.alerts.max_lag_bytes, cfg.alerts.max_position_age_seconds) == (9464, 1000, 60)
+    assert (parse_config(base).metrics.port, parse_config(base).alerts.slot_keep_fraction) == (0, 0.8)
+    with pytest.raises(ConfigError, match=r"alerts\.max_lag: unknown key"):
+        parse_config(base + "alerts: {max_lag: 1}\n")
+    with pytest.raises(ConfigError, match=r"metrics\.port"):
+        parse_config(base + "metrics: {port: 70000}\n")
+
+
+def test_a_taken_metrics_port_is_a_config_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "c.yml"
+    cfg.write_text(
+        f"warehouse: {tmp_path / 'wh'}\n"
+        "sources: [{kind: postgres, name: s, dsn: 'postgresql://nobody@127.0.0.1:1/x', tables: [a.b]}]\n"
+    )
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert cli.main(["-c", str(cfg), "run", "--once", "--metrics-port", str(port)]) == cli.EXIT_USER_ERROR
+    assert f"metrics.port {port}: cannot serve metrics" in capsys.readouterr().err
