@@ -38,7 +38,7 @@ class BenchCatalog:
     def __init__(self, types: TypeCatalog) -> None:
         self.types = types
 
-    def primary_key(self, relation_id: int) -> list[str]:
+    def record_key(self, relation_id: int) -> list[str]:
         return ["id"]
 
     def encoder(self, type_oid: int) -> Callable[[bytes], str]:

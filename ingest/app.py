@@ -116,8 +116,9 @@ def run(cfg: Config, once: bool, source: str | None, metrics_port: int | None = 
     writer = _writer(cfg)
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     lines: list[str] = []
+    watched = _writer(cfg)  # the watcher's own table handles: its reads never touch the committer's
     for s in sources:
-        watcher = Watcher(s.name, cfg.alerts, partial(_positions, writer, s.name), slot_reader(cfg.source(s.name)))
+        watcher = Watcher(s.name, cfg.alerts, partial(_positions, watched, s.name), slot_reader(cfg.source(s.name)))
         watcher.start()
         try:
             lines += retried(partial(s.run, cfg.batch, writer, once, stop), s)

@@ -90,6 +90,61 @@ class PostgresAdmin:
                 "run ALTER ROLE <user> REPLICATION as a superuser"
             )
 
+    def _check_identity(self, qualified: str, replident: str, has_pk: bool) -> None:
+        """A table's replica identity must key its changes, before the publication is touched.
+
+        NOTHING is refused even with a primary key: a published table without a replica identity
+        makes the source application's own UPDATE and DELETE fail (review finding C4). FULL
+        without a primary key keys by every column; its snapshot has no key to page by (W3).
+        """
+        name = self.src.name
+        if replident == "n":
+            raise SourceError(
+                f"source {name!r}: table {qualified} has REPLICA IDENTITY NOTHING: once published, the "
+                "application's UPDATE and DELETE on it would fail. Run ALTER TABLE ... REPLICA IDENTITY DEFAULT "
+                "(with a primary key), USING INDEX <unique index> or FULL first"
+            )
+        if not has_pk and replident == "d":
+            raise SourceError(
+                f"source {name!r}: table {qualified} has no primary key and no REPLICA IDENTITY FULL, so its "
+                f"updates and deletes cannot be keyed; add a primary key or run "
+                f"ALTER TABLE {qualified} REPLICA IDENTITY FULL"
+            )
+        if not has_pk and replident == "f" and self.src.snapshot.initial:
+            raise SourceError(
+                f"source {name!r}: table {qualified} has REPLICA IDENTITY FULL but no primary key: its changes "
+                "can be keyed by every column, but a snapshot pages by a key. Add a primary key (or a unique "
+                "index and REPLICA IDENTITY USING INDEX), or set `snapshot: {initial: false}` on the source"
+            )
+
+    def check_published_tables(self) -> None:
+        """Tables the publication sends beyond the configured ones must be keyable too (review C2).
+
+        A user's own publication (or FOR ALL TABLES) can hold tables ingest was not told about;
+        one without a usable replica identity would stop the stream at its first change, on every
+        start. Checked up front, with the way out.
+        """
+        with self.conn.cursor() as cur:
+            cur.execute(
+                "select t.schemaname || '.' || t.tablename, c.relreplident::text, "
+                "exists(select 1 from pg_index i where i.indrelid = c.oid and i.indisprimary) "
+                "from pg_publication_tables t join pg_namespace n on n.nspname = t.schemaname "
+                "join pg_class c on c.relnamespace = n.oid and c.relname = t.tablename where t.pubname = %s",
+                (self.src.publication_name,),
+            )
+            rows = cur.fetchall()
+        for qualified, replident, has_pk in rows:
+            if str(qualified) in self.src.tables:
+                continue
+            if str(replident) == "n" or (str(replident) == "d" and not has_pk):
+                raise SourceError(
+                    f"source {self.src.name!r}: publication {self.src.publication_name!r} also publishes "
+                    f"{qualified}, which has no usable replica identity (no primary key, identity "
+                    f"{str(replident)!r}): its first change would stop the stream. Remove it from the publication "
+                    f"(ALTER PUBLICATION ... DROP TABLE {qualified}), or give it a primary key or REPLICA "
+                    "IDENTITY FULL"
+                )
+
     def check_tables(self) -> None:
         """Every configured table exists and can be keyed (a primary key or REPLICA IDENTITY FULL).
 
@@ -108,18 +163,13 @@ class PostgresAdmin:
             if row is None:
                 raise SourceError(f"source {self.src.name!r}: configured table {qualified} does not exist")
             replident, has_pk = row
-            if not has_pk and replident != "f":
-                raise SourceError(
-                    f"source {self.src.name!r}: table {qualified} has no primary key and no REPLICA IDENTITY "
-                    f"FULL, so its updates and deletes cannot be keyed; add a primary key or run "
-                    f"ALTER TABLE {qualified} REPLICA IDENTITY FULL"
-                )
+            self._check_identity(qualified, str(replident), bool(has_pk))
             mask = masks.table(qualified)
             if mask is not None:
                 ident = sql.Identifier(schema, table).as_string(self.conn)
                 oid = self._one("select %s::regclass::oid::bigint", (ident,))
                 assert oid is not None
-                key = self.primary_key(int(str(oid[0])))
+                key = self.record_key(int(str(oid[0])))
                 if not key:
                     key = [str(r[0]) for r in self._all_columns(schema, table)]
                 mask.check_key(qualified, key, self.src.name)
@@ -245,13 +295,21 @@ class PostgresAdmin:
             )
         return False
 
-    def primary_key(self, relation_id: int) -> list[str]:
-        """Primary-key column names of `relation_id` in key order (empty if it has none)."""
+    def record_key(self, relation_id: int) -> list[str]:
+        """The columns that identify a record of `relation_id`, in key order (empty if none).
+
+        The replica identity's index: under REPLICA IDENTITY USING INDEX that index (its columns are
+        what a delete's old key carries: keying by the primary key instead gave deletes a null key,
+        review finding W2), else the primary key. Empty for a table without either (REPLICA
+        IDENTITY FULL then keys by every column) and for a relation that no longer exists.
+        """
         with self.conn.cursor() as cur:
             cur.execute(
-                "select a.attname from pg_index i cross join lateral unnest(i.indkey) with ordinality k(attnum, ord) "
+                "select a.attname from pg_class c join pg_index i on i.indrelid = c.oid "
+                "cross join lateral unnest(i.indkey) with ordinality k(attnum, ord) "
                 "join pg_attribute a on a.attrelid = i.indrelid and a.attnum = k.attnum "
-                "where i.indrelid = %s and i.indisprimary order by k.ord",
+                "where c.oid = %s and case when c.relreplident = 'i' then i.indisreplident else i.indisprimary end "
+                "order by k.ord",
                 (relation_id,),
             )
             return [str(r[0]) for r in cur.fetchall()]
@@ -300,6 +358,7 @@ def prepare_source(src: PostgresSource) -> PostgresAdmin:
         admin.check_server()
         admin.check_tables()
         admin.ensure_publication()
+        admin.check_published_tables()
         if admin.ensure_slot():
             log.info("created slot source=%s slot=%s", src.name, src.slot_name)
     except BaseException:

@@ -23,9 +23,9 @@ class PgCatalog:
         self.types = TypeCatalog.from_rows(admin.type_catalog_rows(TYPE_CATALOG_SQL))
         self._names: dict[int, str] = {}
 
-    def primary_key(self, relation_id: int) -> list[str]:
-        """Primary-key columns of the relation, in key order."""
-        return self.admin.primary_key(relation_id)
+    def record_key(self, relation_id: int) -> list[str]:
+        """The relation's record key, in key order (admin.record_key)."""
+        return self.admin.record_key(relation_id)
 
     def table_mask(self, schema: str, table: str) -> TableMask | None:
         """The configured excluded and masked columns of `schema.table` (None: none).
@@ -100,7 +100,7 @@ def table_shape(admin: PostgresAdmin, table: str) -> TableShape:
         row = cur.fetchone()
     if not cols or row is None:
         raise SourceError(f"source {admin.src.name!r}: table {table} does not exist")
-    pk = admin.primary_key(int(str(row[0])))
+    pk = admin.record_key(int(str(row[0])))
     names = tuple(str(c[0]) for c in cols)
     if not pk:
         raise SourceError(

@@ -34,6 +34,10 @@ from ingest.sources.postgres.pgoutput import (
 from ingest.sources.postgres.rows import encode_key, encode_record, json_keys, width_error
 
 _U32: Final = struct.Struct("!I")
+# pg_class.relreplident, as a Relation message carries it
+REPLICA_IDENTITY_DEFAULT: Final = "d"
+REPLICA_IDENTITY_INDEX: Final = "i"
+REPLICA_IDENTITY_FULL: Final = "f"
 # Message type bytes the compiled decoder takes (pgoutput Insert, Update, Delete), and its actions.
 _ROW_MESSAGES: Final = frozenset(b"IUD")
 _NATIVE_ACTIONS: Final = (Action.INSERT, Action.UPDATE, Action.DELETE)
@@ -42,8 +46,12 @@ _NATIVE_ACTIONS: Final = (Action.INSERT, Action.UPDATE, Action.DELETE)
 class Catalog(Protocol):
     """What the change builder asks of the source's catalog (implemented with I/O elsewhere)."""
 
-    def primary_key(self, relation_id: int) -> list[str]:
-        """Primary-key column names in key order; empty if none."""
+    def record_key(self, relation_id: int) -> list[str]:
+        """The columns that identify a record, in key order; empty if none.
+
+        The replica identity's index: the primary key, or the index of REPLICA IDENTITY USING
+        INDEX. REPLICA IDENTITY FULL without a primary key keys by every column.
+        """
 
     def encoder(self, type_oid: int) -> Callable[[bytes], str]:
         """A function from a pgoutput text value to its JSON fragment."""
@@ -126,10 +134,18 @@ class ChangeBuilder:
     # -- relations -------------------------------------------------------------------------
     def _relation(self, msg: Relation) -> None:
         all_names = tuple(c.name for c in msg.columns)
-        pk = self.catalog.primary_key(msg.relation_id)
+        pk = self.catalog.record_key(msg.relation_id)
+        if not pk and msg.replica_identity in (REPLICA_IDENTITY_DEFAULT, REPLICA_IDENTITY_INDEX):
+            # The catalog no longer knows a key (the table or its key was dropped since this WAL was
+            # written): the Relation message's own key flags say what the identity was then (C1).
+            pk = [c.name for c in msg.columns if c.is_key]
         if not pk:
-            if msg.replica_identity != "f":
-                raise SourceError(f"table {msg.namespace}.{msg.name} has no primary key and no REPLICA IDENTITY FULL")
+            if msg.replica_identity != REPLICA_IDENTITY_FULL:
+                raise SourceError(
+                    f"table {msg.namespace}.{msg.name} has no primary key and no REPLICA IDENTITY FULL "
+                    f"(replica identity {msg.replica_identity!r}), so its changes cannot be keyed; add a primary "
+                    "key or set REPLICA IDENTITY FULL, or leave the table out of the publication"
+                )
             pk = list(all_names)
         missing = [k for k in pk if k not in all_names]
         if missing:

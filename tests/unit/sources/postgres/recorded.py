@@ -55,7 +55,7 @@ class FixtureCatalog:
         self.types = TypeCatalog.from_rows(fixture()["pg_type"])
         self.columns: dict[int, list[str]] = {}
 
-    def primary_key(self, relation_id: int) -> list[str]:
+    def record_key(self, relation_id: int) -> list[str]:
         return ["id"] if "id" in self.columns.get(relation_id, []) else []
 
     def encoder(self, type_oid: int) -> Callable[[bytes], str]:

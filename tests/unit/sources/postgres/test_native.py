@@ -62,14 +62,14 @@ def tuple_bytes(values: list[Any]) -> bytes:
 class KeyCatalog(FixtureCatalog):
     """Type mappings of the recorded server; the key is the relation's first column."""
 
-    def primary_key(self, relation_id: int) -> list[str]:
+    def record_key(self, relation_id: int) -> list[str]:
         return self.columns[relation_id][:1]
 
 
 class NoKeyCatalog(FixtureCatalog):
     """Type mappings of the recorded server; no table has a primary key (REPLICA IDENTITY FULL: all columns)."""
 
-    def primary_key(self, relation_id: int) -> list[str]:
+    def record_key(self, relation_id: int) -> list[str]:
         return []
 
 
