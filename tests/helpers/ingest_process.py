@@ -63,14 +63,14 @@ def stop(proc: subprocess.Popen[str]) -> tuple[int, str]:
     return proc.returncode, err
 
 
-def wait_for(check: Callable[[], bool], proc: subprocess.Popen[str], seconds: float) -> None:
-    """Poll `check` until true; fail if ingest exits or time runs out."""
+def wait_for(check: Callable[[], bool], proc: subprocess.Popen[str], seconds: float, what: str = "") -> None:
+    """Poll `check` until true; fail (saying `what` was awaited) if ingest exits or time runs out."""
     deadline = time.monotonic() + seconds
     while not check():
         if proc.poll() is not None:
             raise AssertionError(f"ingest exited ({proc.returncode}): {proc.stderr.read() if proc.stderr else ''}")
         if time.monotonic() > deadline:
-            raise AssertionError(f"not reached within {seconds} s")
+            raise AssertionError(f"{what or 'condition'} not reached within {seconds} s")
         time.sleep(0.3)
 
 
