@@ -130,7 +130,10 @@ class Watcher:
         for pos, updated in rows:
             metrics.POSITION_AGE.labels(self.source, pos.writer_id).set((now - updated).total_seconds())
             metrics.DURABLE_POSITION.labels(self.source, pos.writer_id).set(pos.durable_lsn)
-        metrics.forget(metrics.POSITION_AGE, [(self.source, p.writer_id) for p, _ in rows], self.source)
+        if rows:  # a retired writer's series go; none before bronze exists (the committer may have set one)
+            writers = [(self.source, p.writer_id) for p, _ in rows]
+            metrics.forget(metrics.POSITION_AGE, writers, self.source)
+            metrics.forget(metrics.DURABLE_POSITION, writers, self.source)
         bound = safe_bound(p for p, _ in rows)
         if bound is not None:
             metrics.SAFE_BOUND.labels(self.source).set(bound)
