@@ -127,3 +127,20 @@ def slot_lag(c: psycopg.Connection[Any], slot: str) -> int:
     ).fetchone()
     assert row is not None
     return int(row[0])
+
+
+def test_a_requested_snapshot_is_listed_until_a_run_completes_it(tmp_path: Path, make_source: Any) -> None:
+    s = make_source("create table items (id int primary key, note text)", ["items"])
+    src = s.config()
+    prepare(src)
+    insert(s.dsn, s.tables[0], 30)
+    cfg = write_config(tmp_path, source_doc(src))
+    assert ingest(cfg, "run", "--once").returncode == 0
+    assert ingest(cfg, "snapshot", s.tables[0]).returncode == 0
+    rc, doc = status_json(cfg)
+    snaps = doc["sources"][0]["snapshots"]
+    assert rc == HEALTHY and [(x["table"], x["pages"], x["rows"]) for x in snaps] == [(s.tables[0], 0, 0)], doc
+    assert {w["kind"] for w in doc["sources"][0]["writers"]} == {"stream", "snapshot"}
+    assert ingest(cfg, "run", "--once").returncode == 0
+    rc, doc = status_json(cfg)
+    assert rc == HEALTHY and doc["sources"][0]["snapshots"] == [], doc
