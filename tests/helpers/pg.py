@@ -86,3 +86,13 @@ def bronze_events(warehouse: Path, source: str, with_messages: bool = False) -> 
     """The source's bronze.wal_events rows in position order."""
     where = f"source = '{source}'" + ("" if with_messages else " and action != 'message'")
     return read(warehouse / "bronze" / "wal_events", where, "commit_lsn, commit_index")
+
+
+def bronze_count(warehouse: Path, source: str) -> int:
+    """How many events of `source` bronze holds so far; 0 while ingest has not created the table yet."""
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        return len(bronze_events(warehouse, source))
+    except TableNotFoundError:
+        return 0

@@ -20,10 +20,12 @@ from typing import Any
 import psycopg
 import pytest
 import yaml
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ingest.config import PostgresSource
-from tests.helpers.pg import ROOT, bronze_events, prepare
+from tests.helpers.pg import ROOT, bronze_count, bronze_events, prepare
 from tests.helpers.scratch_pg import ScratchCluster
+from tests.helpers.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.integration
 
@@ -64,11 +66,6 @@ def stop(proc: subprocess.Popen[str]) -> tuple[int, str]:
     return proc.returncode, err
 
 
-def count(warehouse: Path, source: str) -> int:
-    """Events in bronze so far (none before ingest created the table)."""
-    return len(bronze_events(warehouse, source)) if (warehouse / "bronze/wal_events/_delta_log").exists() else 0
-
-
 def ids(warehouse: Path, source: str) -> list[int]:
     return [json.loads(e.record)["id"] for e in bronze_events(warehouse, source)]
 
@@ -87,13 +84,13 @@ def test_a_terminated_walsender_is_reconnected(tmp_path: Path, make_source: Any)
     proc = start_run(cfg)
     try:
         insert(s.dsn, f"{s.schema}.items", range(1, 11))
-        wait_for(lambda: count(tmp_path / "warehouse", s.name) == 10, proc, 60)
+        wait_for(lambda: bronze_count(tmp_path / "warehouse", s.name) == 10, proc, 60)
         s.execute(
             "select pg_terminate_backend(active_pid) from pg_replication_slots where slot_name = %s",
             (src.slot_name,),
         )
         insert(s.dsn, f"{s.schema}.items", range(11, 21))
-        wait_for(lambda: count(tmp_path / "warehouse", s.name) >= 20, proc, 60)
+        wait_for(lambda: bronze_count(tmp_path / "warehouse", s.name) >= 20, proc, 60)
     finally:
         rc, err = stop(proc)
     assert rc == 0, err
@@ -117,13 +114,13 @@ def test_a_postgres_restart_is_ridden_out(tmp_path: Path, scratch: ScratchCluste
     proc = start_run(cfg)
     try:
         insert(scratch.dsn, "public.items", range(1, 11))
-        wait_for(lambda: count(tmp_path / "warehouse", src.name) == 10, proc, 60)
+        wait_for(lambda: bronze_count(tmp_path / "warehouse", src.name) == 10, proc, 60)
         scratch.stop()  # pg_ctl -m fast: what a minor upgrade or a maintenance window does
         time.sleep(5)
         assert proc.poll() is None, "ingest exited while the source was down"
         scratch.start()
         insert(scratch.dsn, "public.items", range(11, 21))
-        wait_for(lambda: count(tmp_path / "warehouse", src.name) >= 20, proc, 90)
+        wait_for(lambda: bronze_count(tmp_path / "warehouse", src.name) >= 20, proc, 90)
     finally:
         rc, err = stop(proc)
     assert rc == 0, err
@@ -141,3 +138,68 @@ def test_run_once_gives_up_on_an_unreachable_source_with_exit_75(tmp_path: Path)
     last = err.strip().splitlines()[-1]
     assert last.startswith("changelake-ingest: source unavailable: source 'nowhere' unreachable for")
     assert "Traceback" not in err
+
+
+@pytest.fixture
+def proxied(make_source: Any) -> Iterator[tuple[Any, TcpProxy, str]]:
+    """A source, a proxy in front of its server, and the source's DSN through the proxy."""
+    s = make_source("create table items (id int primary key)", ["items"])
+    params = conninfo_to_dict(s.dsn)
+    proxy = TcpProxy(str(params.get("host", "127.0.0.1")), int(params.get("port", 5432)))
+    yield s, proxy, make_conninfo(s.dsn, host="127.0.0.1", port=str(proxy.port))
+    proxy.close()
+
+
+def test_a_network_blackhole_is_ridden_out(tmp_path: Path, proxied: tuple[Any, TcpProxy, str]) -> None:
+    """Packets vanish for longer than the server's wal_sender_timeout (scaled: 3 s; by default 60 s)."""
+    s, proxy, via_proxy = proxied
+    dsn = make_conninfo(via_proxy, options="-c wal_sender_timeout=3s")
+    prepare(s.config())
+    cfg = config(tmp_path, s.name, dsn, s.tables, max_delay_seconds=2)
+    proc = start_run(cfg)
+    try:
+        insert(s.dsn, f"{s.schema}.items", range(1, 11))
+        wait_for(lambda: bronze_count(tmp_path / "warehouse", s.name) == 10, proc, 60)
+        proxy.blackhole()
+        time.sleep(10)
+        insert(s.dsn, f"{s.schema}.items", range(11, 16))  # written during the outage (direct, not proxied)
+        proxy.heal()
+        insert(s.dsn, f"{s.schema}.items", range(16, 21))
+        wait_for(lambda: bronze_count(tmp_path / "warehouse", s.name) >= 20, proc, 90)
+    finally:
+        rc, err = stop(proc)
+    assert rc == 0, err
+    assert ids(tmp_path / "warehouse", s.name) == list(range(1, 21))
+    assert "unreachable" in err and "Traceback" not in err
+
+
+def test_a_silent_server_is_taken_for_a_broken_path(
+    warehouse: Path, proxied: tuple[Any, TcpProxy, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A blackhole sends no reset: ingest asks for a reply every status interval and gives up on silence."""
+    from ingest.bronze.writer import BronzeWriter
+    from ingest.config import BatchConfig
+    from ingest.errors import SourceUnavailableError
+    from ingest.progress import Progress
+    from ingest.sources.postgres import capture
+
+    monkeypatch.setattr(capture, "STATUS_INTERVAL_S", 0.5)
+    monkeypatch.setattr(capture, "SERVER_SILENCE_S", 3.0)
+    s, proxy, via_proxy = proxied
+    src = s.config().model_copy(update={"dsn": via_proxy, "heartbeat_seconds": 3600})
+    prepare(src)
+    insert(s.dsn, f"{s.schema}.items", range(1, 4))
+    cap = capture.PostgresCapture(
+        src, BatchConfig(max_seconds=0.1), BronzeWriter(warehouse), Progress(s.name, enabled=False), snapshots=False
+    )
+
+    def blackhole_once_captured() -> bool:
+        if bronze_count(warehouse, s.name) == 3:
+            proxy.blackhole()
+        return False
+
+    t0 = time.monotonic()
+    with pytest.raises(SourceUnavailableError, match="no word from the server"):
+        cap.run(once=False, should_stop=blackhole_once_captured)
+    assert time.monotonic() - t0 < 60
+    assert ids(warehouse, s.name) == [1, 2, 3]  # what was durable stays; nothing past it was acknowledged

@@ -19,7 +19,7 @@ from ingest.bronze.writer import BronzeWriter
 from ingest.capture.batcher import Resume, TransactionBatcher, boundary_position
 from ingest.capture.snapshots import SnapshotThread
 from ingest.config import BatchConfig, PostgresSource
-from ingest.errors import SlotGapError
+from ingest.errors import SlotGapError, SourceUnavailableError
 from ingest.events import Action, ChangeEvent, SourceKind, WriterKind, WriterPosition, int_to_lsn
 from ingest.positions import STREAM_WRITER_ID, SourcePositions
 from ingest.progress import Progress
@@ -37,6 +37,8 @@ HISTORY_LOST_PREFIX = "changelake.historyLost"  # message_prefix of the tombston
 STATUS_INTERVAL_S = 10.0  # standby status updates even when the server does not ask
 # ... and while a submit waits for a slow commit: well inside wal_sender_timeout (60 s default)
 KEEPALIVE_WHILE_WAITING_S = 5.0
+# A server asked for a reply every STATUS_INTERVAL_S that stays silent this long is unreachable.
+SERVER_SILENCE_S = 3 * STATUS_INTERVAL_S
 # While change data keeps arriving, the loop's bookkeeping (stop flag, snapshot worker, drain,
 # status, heartbeat, progress) runs once per this many messages instead of once per message: it
 # cost ~1.5 us a message, a sixth of the decoder's time. Its clock is at most one burst stale.
@@ -244,7 +246,7 @@ class PostgresCapture:
         drain_token = uuid.uuid4().hex if once else None
         drain_emitted = False
         drained = False
-        last_activity = last_status = time.monotonic()
+        last_activity = last_status = last_heard = time.monotonic()
         sent_ack = self.ack_lsn
         wal_end = observed = self.ack_lsn
 
@@ -279,7 +281,7 @@ class PostgresCapture:
                     drain_emitted = True
             msg = stream.read(READ_TIMEOUT_S)
             if isinstance(msg, XLogData):
-                last_activity = now
+                last_activity = last_heard = now
                 wal_end = max(wal_end, msg.wal_end)
                 out = builder.feed_payload(msg.payload)
                 if out is None:
@@ -308,6 +310,7 @@ class PostgresCapture:
                     continue
             elif isinstance(msg, Keepalive):
                 burst = 0
+                last_heard = now
                 wal_end = max(wal_end, msg.wal_end)
                 # A keepalive's LSN is how far the server has decoded (sentPtr): every transaction that
                 # committed before it has been sent. (XLogData's wal_end is the server's WAL end: not that.)
@@ -322,9 +325,17 @@ class PostgresCapture:
                 burst = 0
                 if not builder.in_txn and batcher.has_work and (batcher.due(now) or not batcher.pending):
                     batcher.submit()
+                if now - last_heard > SERVER_SILENCE_S:
+                    # Asked for a reply every STATUS_INTERVAL_S and heard nothing: the path to the
+                    # server is broken (a blackhole sends no reset), not an idle source.
+                    raise SourceUnavailableError(
+                        f"source {self.src.name!r}: no word from the server for {now - last_heard:.0f} s although "
+                        f"asked every {STATUS_INTERVAL_S:.0f} s: the replication connection is gone"
+                    )
             if committer.ack_lsn > sent_ack or now - last_status >= STATUS_INTERVAL_S:
+                periodic = now - last_status >= STATUS_INTERVAL_S
                 sent_ack = committer.ack_lsn
-                stream.send_status(sent_ack)
+                stream.send_status(sent_ack, reply=periodic)  # a periodic status asks for an answer
                 faults.hit("after_ack")
                 last_status = now
             if not once and now - last_activity >= self.src.heartbeat_seconds:
