@@ -29,15 +29,14 @@ import psycopg
 import pytest
 import yaml
 
-from tests.helpers.pg import ROOT, prepare
-from tests.integration.test_dbt_flow import (
+from tests.helpers.dbt_flow import (
     SEED,
     TABLES,
     assert_event_log_matches_bronze,
     assert_records_match_source,
     workload,
 )
-from tests.integration.test_pg_crash import TD_LINE
+from tests.helpers.pg import ROOT, TD_LINE, prepare
 
 pytestmark = pytest.mark.cluster
 

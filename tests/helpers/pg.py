@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import secrets
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,8 @@ import psycopg
 from tests.helpers.delta_rows import read
 
 ROOT = Path(__file__).resolve().parents[2]
+# One change of the `test_decoding` output plugin: the independent oracle of the crash tests.
+TD_LINE = re.compile(r"^table (?P<table>[^:]+): (?P<action>INSERT|UPDATE|DELETE|TRUNCATE):(?P<rest>.*)$")
 
 
 class PgSource:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ingest.bronze.writer import BronzeWriter
 from tests.helpers.pg import ROOT
-from tests.silver_checks import DBT
+from tests.helpers.silver import DBT
 
 HOLD_TIMEOUT_S = 180
 MAX_OUTPUT_BYTES = 20_000

@@ -25,7 +25,7 @@ import pytest
 import yaml
 from psycopg.conninfo import make_conninfo
 
-from tests.helpers.pg import ROOT, bronze_events, prepare
+from tests.helpers.pg import ROOT, TD_LINE, bronze_events, prepare
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash]
 
@@ -45,7 +45,6 @@ FAULT_POINTS = [
 ]
 RANDOM_KILLS = 2
 CONTINUOUS_SECONDS = 12.0  # a continuous round not killed by its fault point is stopped (SIGTERM) after this
-TD_LINE = re.compile(r"^table (?P<table>[^:]+): (?P<action>INSERT|UPDATE|DELETE|TRUNCATE):(?P<rest>.*)$")
 ID_VALUE = re.compile(r"id\[integer\]:(-?\d+)")
 V_VALUE = re.compile(r"v\[text\]:'((?:[^']|'')*)'")
 

@@ -11,7 +11,7 @@ import pytest
 
 from ingest.errors import SourceError
 from tests.helpers.pg import bronze_events, capture_once, prepare
-from tests.silver_checks import snapshot_rows
+from tests.helpers.silver import snapshot_rows
 
 pytestmark = pytest.mark.integration
 

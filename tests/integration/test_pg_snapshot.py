@@ -18,7 +18,7 @@ import yaml
 
 from tests.helpers.delta_rows import read
 from tests.helpers.pg import capture_once, prepare
-from tests.silver_checks import dbt, silver, source_rows
+from tests.helpers.silver import dbt, silver, source_rows
 
 pytestmark = pytest.mark.integration
 

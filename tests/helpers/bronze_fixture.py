@@ -1,11 +1,12 @@
 """Write fake bronze rows by path (docs/bronze.md) to exercise the dbt models without ingest.
 
-Usage: python tests/dbt_fixture_bronze.py WAREHOUSE PHASE   (PHASE 1 creates, 2 and 3 append)
+Usage: python tests/helpers/bronze_fixture.py WAREHOUSE PHASE   (PHASE 1 creates, 2 and 3 append)
 Bronze is written the way ingest writes it (delta-rs, ingest's schemas). Phase 1 writes two
 customers and an order flow with a re-delivered duplicate, a heartbeat and a
 second writer holding the safe bound back; phase 2 raises the bound and adds a PK change, TOAST,
 insert->delete->insert and a truncate; phase 3 adds nothing to wal_events but raises positions.
-For local dbt development only; the integration tests use real ingest output.
+For local dbt development; the integration tests use real ingest output, and
+tests/unit/test_bronze_fixture.py holds the tables it writes to the contract.
 """
 
 from __future__ import annotations
@@ -119,7 +120,11 @@ def table(schema: pa.Schema, rows: list[tuple]) -> pa.Table:
 
 
 def main() -> None:
-    warehouse, phase = sys.argv[1].rstrip("/"), int(sys.argv[2])
+    write(sys.argv[1].rstrip("/"), int(sys.argv[2]))
+
+
+def write(warehouse: str, phase: int) -> None:
+    """Write phase 1, 2 or 3 of the fake bronze under `warehouse`."""
     writer = BronzeWriter(warehouse)
     writer.ensure_tables()
     bronze = f"{warehouse}/bronze"
