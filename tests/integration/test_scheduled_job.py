@@ -1,0 +1,58 @@
+"""The scheduled job (ops/scheduled_job.sh) and its systemd units, as a scheduler would run them."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers.pg import ROOT
+
+pytestmark = pytest.mark.integration
+UNITS = ROOT / "ops" / "systemd"
+
+
+def test_an_unreachable_source_is_exit_75_and_nothing_to_build(tmp_path: Path) -> None:
+    cfg = tmp_path / "ingest.yml"
+    source = {"kind": "postgres", "name": "nowhere", "dsn": "postgresql://nobody@127.0.0.1:1/x", "tables": ["p.t"]}
+    cfg.write_text(
+        yaml.safe_dump({"warehouse": str(tmp_path / "wh"), "retry": {"max_seconds": 1}, "sources": [source]})
+    )
+    env = {"PATH": "/usr/bin:/bin", "CHANGELAKE_CONFIG": str(cfg), "CHANGELAKE_WAREHOUSE": str(tmp_path / "wh")}
+    r = subprocess.run(
+        ["bash", str(ROOT / "ops/scheduled_job.sh")], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 75, r.stderr
+    assert "source unavailable" in r.stderr and "nothing to build" in r.stderr
+
+
+def test_a_configuration_error_stops_the_round_with_exit_2(tmp_path: Path) -> None:
+    cfg = tmp_path / "ingest.yml"
+    cfg.write_text("sources: []\n")
+    env = {"PATH": "/usr/bin:/bin", "CHANGELAKE_CONFIG": str(cfg)}
+    r = subprocess.run(
+        ["bash", str(ROOT / "ops/scheduled_job.sh")], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 2, r.stderr
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+def test_the_systemd_units_verify(tmp_path: Path) -> None:
+    """`systemd-analyze verify` on the units, their /opt/changelake paths pointed at this checkout."""
+    for unit in UNITS.iterdir():
+        text = unit.read_text().replace("/opt/changelake", str(ROOT))
+        (tmp_path / unit.name).write_text(text)
+    (tmp_path / "changelake-ingest@shop.service").write_text((tmp_path / "changelake-ingest@.service").read_text())
+    names = ["changelake-ingest@shop.service", "changelake-build.service", "changelake-build.timer"]
+    r = subprocess.run(
+        ["systemd-analyze", "verify", *[str(tmp_path / n) for n in names]],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    problems = [line for line in (r.stdout + r.stderr).splitlines() if "changelake" in line]
+    assert r.returncode == 0 and not problems, r.stdout + r.stderr
