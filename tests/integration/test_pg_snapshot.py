@@ -249,3 +249,28 @@ def test_snapshot_resumes_after_sigkill_from_its_last_durable_page(
     ids = sorted(json.loads(p.record_pk)["id"] for p in got if p.record_pk)
     assert ids == [i for i in range(1, 46) if i != 44]  # resumed after key 20, read 21..45 minus the delete
     assert [w.writer_id for w in writers(warehouse, s.name)] == ["stream"]
+
+
+def test_a_column_dropped_during_a_snapshot_is_ridden_out(warehouse: Path, make_source: Any) -> None:
+    """W9: the page reader kept the columns of the snapshot's start; a DROP COLUMN failed it for good."""
+    from ingest.errors import SourceUnavailableError
+
+    s = make_source("create table items (id int primary key, v text, gone text)", ["items"])
+    s.execute("insert into items select g, 'v' || g, 'x' from generate_series(1, 4) g")
+    src = s.config()
+    prepare(src)
+
+    def drop_before_page_2(point: str, task: Any, page: int) -> None:
+        if point == "before_read" and page == 2:
+            s.execute("alter table items drop column if exists gone")
+
+    with pytest.raises(SourceUnavailableError, match="changed shape during its snapshot"):
+        capture_once(warehouse, src, snapshots=True, snapshot_hook=drop_before_page_2, page_rows=1)
+    capture_once(warehouse, src, snapshots=True, page_rows=1)  # what the retry loop does next
+    pages = read(warehouse / "bronze/snapshot_pages", f"source = '{s.name}' and row_index >= 0", "page_number")
+    assert [json.loads(p.record) for p in pages] == [
+        {"id": 1, "v": "v1", "gone": "x"},
+        {"id": 2, "v": "v2", "gone": "x"},
+        {"id": 3, "v": "v3"},
+        {"id": 4, "v": "v4"},
+    ]

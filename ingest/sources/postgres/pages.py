@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     from ingest.sources.postgres.snapshot import SnapshotTask
 
 WATERMARK_PREFIX = "changelake.watermark"
+# undefined_column, datatype_mismatch, cannot_coerce: a column was dropped or changed its type
+# between the snapshot's start (when it read the table's shape) and a page.
+SHAPE_CHANGED_SQLSTATES = frozenset({"42703", "42804", "42846"})
 # A test (or an operator's debugging session) may run statements at moments of a page:
 # "before_read", "after_begin" (the page's snapshot is taken next) and "after_read".
 Hook = Callable[[str, "SnapshotTask", int], None]
@@ -71,7 +74,15 @@ class PageReader:
             lost = self.conn.status != pq.ConnStatus.OK
             if not lost and self.conn.transaction_status != pq.TransactionStatus.IDLE:
                 self.conn.exec_(b"ROLLBACK")
-            transient = lost or transient_sqlstate(code.decode() if code else None) or transient_libpq_message(msg)
+            sqlstate = code.decode() if code else None
+            if sqlstate in SHAPE_CHANGED_SQLSTATES:
+                # The table changed shape between two pages (review finding W9): a retry resumes the
+                # snapshot after its last durable page with the columns the table has now.
+                raise SourceUnavailableError(
+                    f"source {self.src.name!r}: the table changed shape during its snapshot ({msg}); the snapshot "
+                    "resumes after its last durable page with the new columns"
+                )
+            transient = lost or transient_sqlstate(sqlstate) or transient_libpq_message(msg)
             error = SourceUnavailableError if transient else SourceError
             raise error(f"source {self.src.name!r}: snapshot query failed: {msg}")
         return res
