@@ -29,6 +29,7 @@ from ingest.config import BatchConfig, MongoSource
 from ingest.events import Action, ChangeEvent, SourceKind, WriterKind, WriterPosition
 from ingest.positions import STREAM_WRITER_ID, SnapshotProgress, SourcePositions
 from ingest.progress import Progress
+from ingest.sources.mongodb import compat
 from ingest.sources.mongodb.changes import (
     ChangeMapper,
     Namespace,
@@ -257,14 +258,18 @@ class MongoCapture:
             except OperationFailure as e:
                 raise translate(self.src, e) from e
             if doc is None:
-                # The server has nothing more: the open transaction is complete.
-                complete_open(now)
                 token = stream.resume_token
                 observed = resume_token_position(token)
-                if token is not None and observed is not None:
+                # The open clusterTime is complete once the server's post-batch token has passed it.
+                # A token at that same time is a high-water mark that sorts before events at it: on a
+                # sharded cluster another shard's event at that time may still come (review D4).
+                passed = open_lsn is None or (observed is not None and observed > open_lsn)
+                if passed or (token == open_token and compat.no_post_batch_token(self.src.name)):
+                    complete_open(now)
+                if open_lsn is None and token is not None and observed is not None:
                     batcher.observe(observed, now, stored_token(RESUME_AFTER, token), force=once)
                 if batcher.has_work:
-                    batcher.submit()
+                    batcher.submit(mid_transaction=open_lsn is not None)
                 if once:
                     break
                 self.progress.tick(None)
@@ -288,9 +293,10 @@ class MongoCapture:
                 stream = self._open(client, (START_AFTER, mapped.token))
                 mapper = ChangeMapper(self.scope, sorted(mapper.known), mapper.masks)
             self.progress.tick(None)
+        # Stopping: what was read goes to bronze, but a clusterTime still open is not taken as
+        # complete (the next run re-reads it from the last stored token and skips what is here).
         if batcher.has_work:
-            complete_open(time.monotonic())
-            batcher.submit()
+            batcher.submit(mid_transaction=open_lsn is not None)
         committer.drain()
 
     def _in_scope(self, ns: Namespace) -> bool:

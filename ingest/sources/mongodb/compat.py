@@ -36,6 +36,26 @@ def newest_oplog_time(client: MongoClient[dict[str, Any]]) -> Timestamp | None:
     return None
 
 
+_said_no_post_batch_token: set[str] = set()
+
+
+def no_post_batch_token(source: str) -> bool:
+    """A stream with nothing more whose token is still its last event's: a server with no post-batch tokens.
+
+    MongoDB (4.0.7+) answers every getMore with a post-batch resume token past what it returned;
+    without one, nothing says whether more events at the last clusterTime will come, so the
+    clusterTime is taken as complete (said once per source). Returns True.
+    """
+    if source not in _said_no_post_batch_token:
+        log.warning(
+            "source=%s: the server sends no post-batch resume tokens; a clusterTime is taken as complete when "
+            "the stream has nothing more (MongoDB itself always sends them)",
+            source,
+        )
+        _said_no_post_batch_token.add(source)
+    return True
+
+
 def warn_no_snapshot_time(source: str) -> None:
     """Say (once per snapshot) that a snapshot read came without `atClusterTime`.
 

@@ -154,6 +154,15 @@ def test_idle_post_batch_token_raises_the_position_past_the_last_event() -> None
     assert parse_stored_token(c.batches[-1].resume_token) == (RESUME_AFTER, later)
 
 
+def test_a_post_batch_token_at_the_open_cluster_time_does_not_complete_it() -> None:
+    """D4: a high-water-mark token at T sorts before events at T; another shard's event at T may still come."""
+    hwm_at_t = {"_data": f"82{T0:08X}{5:08X}01"}  # clusterTime T0.5, no event fields: a high-water mark
+    _, c = run_loop([insert(T0, 5, {"_id": 1}), PostBatch(hwm_at_t)])
+    assert [e.position for b in c.batches for e in b.events] == [(LSN | 5, 0)]  # written, as a page
+    assert all(b.durable_lsn is None for b in c.batches)  # but the position does not move past T
+    assert c.batches[-1].mid_transaction
+
+
 def test_invalidate_stores_a_start_after_token_and_reopens_with_it() -> None:
     reopened: list[Any] = []
     coll_src = source(collections=["orders"])
