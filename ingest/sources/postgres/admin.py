@@ -18,6 +18,7 @@ from ingest.sources.postgres.replication import safe_dsn, session_conninfo
 log = logging.getLogger(__name__)
 
 HEARTBEAT_PREFIX = "changelake.heartbeat"
+FAILOVER_SLOTS_VERSION = 170000  # server_version_num of the first release with failover slots
 DRAIN_PREFIX = "changelake.drain"
 
 
@@ -268,12 +269,27 @@ class PostgresAdmin:
                 out.append(qualified)
         return out
 
+    def _create_slot(self, slot: str) -> None:
+        """Create the pgoutput slot; from PostgreSQL 17 as a failover slot.
+
+        A failover slot is synchronized to standbys that set `sync_replication_slots` (and list
+        it in `synchronized_standby_slots`), so it survives a promotion; before 17 a logical slot
+        exists on the primary only, and a failover loses it (docs/postgres.md: the next start
+        reports slot loss with the re-snapshot recovery).
+        """
+        row = self._one("select current_setting('server_version_num')::int")
+        if row is not None and int(str(row[0])) >= FAILOVER_SLOTS_VERSION:
+            # (slot_name, plugin, temporary, twophase, failover)
+            self._one("select pg_create_logical_replication_slot(%s, 'pgoutput', false, false, true)", (slot,))
+        else:
+            self._one("select pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+
     def ensure_slot(self) -> bool:
         """Create the pgoutput slot if missing; True if it was created. Invalidated slot: loud error."""
         slot = self.src.slot_name
         row = self._one("select plugin, wal_status from pg_replication_slots where slot_name = %s", (slot,))
         if row is None:
-            self._one("select pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+            self._create_slot(slot)
             return True
         plugin, wal_status = row
         if plugin != "pgoutput":
@@ -283,7 +299,7 @@ class PostgresAdmin:
             # between bronze and the new slot and recovers it (tombstones, re-snapshot).
             log.warning("source=%s slot %s is invalidated: dropping and recreating it", self.src.name, slot)
             self._one("select pg_drop_replication_slot(%s)", (slot,))
-            self._one("select pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+            self._create_slot(slot)
             return True
         if wal_status == "lost":
             raise SlotInvalidatedError(
