@@ -9,21 +9,18 @@ configuration error (2).
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-import yaml
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ingest.config import PostgresSource
-from tests.helpers.pg import ROOT, bronze_count, bronze_events, prepare
+from tests.helpers.ingest_process import start_run, stop, wait_for, write_config
+from tests.helpers.pg import bronze_count, bronze_events, prepare
 from tests.helpers.scratch_pg import ScratchCluster
 from tests.helpers.tcp_proxy import TcpProxy
 
@@ -31,39 +28,8 @@ pytestmark = pytest.mark.integration
 
 
 def config(tmp_path: Path, name: str, dsn: str, tables: list[str], **retry: float) -> Path:
-    cfg = tmp_path / "ingest.yml"
     source = {"kind": "postgres", "name": name, "dsn": dsn, "tables": tables, "snapshot": {"initial": False}}
-    doc: dict[str, Any] = {"warehouse": str(tmp_path / "warehouse"), "batch": {"max_seconds": 0.2}, "sources": [source]}
-    if retry:
-        doc["retry"] = retry
-    cfg.write_text(yaml.safe_dump(doc))
-    return cfg
-
-
-def start_run(cfg: Path, *extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "ingest", "-c", str(cfg), "run", *extra],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def wait_for(check: Callable[[], bool], proc: subprocess.Popen[str], seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        if proc.poll() is not None:
-            raise AssertionError(f"ingest exited ({proc.returncode}): {proc.stderr.read() if proc.stderr else ''}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not reached within {seconds} s")
-        time.sleep(0.3)
-
-
-def stop(proc: subprocess.Popen[str]) -> tuple[int, str]:
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
-    return proc.returncode, err
+    return write_config(tmp_path, source, **({"retry": retry} if retry else {}))
 
 
 def ids(warehouse: Path, source: str) -> list[int]:
