@@ -123,6 +123,9 @@ LOG_PROPERTIES = (
     ("delta.logRetentionDuration", "interval 15 minutes"),
     ("delta.deletedFileRetentionDuration", "interval 1 day"),
     ("delta.enableExpiredLogCleanup", "true"),
+    # App transaction ids (writer.txn_identity) older than this leave the table state: a MongoDB
+    # writer starts a new one every ~34 minutes. A retry is seconds after its batch, never days.
+    ("delta.setTransactionRetentionDuration", "interval 7 days"),
 )
 
 WAL_EVENTS_TABLE = BronzeTable(

@@ -26,9 +26,12 @@ from ingest.events import ChangeEvent, RelationShape, SnapshotPage, WriterPositi
 
 log = logging.getLogger(__name__)
 
-# Delta txnVersion packs a batch's last position as (commit_lsn << INDEX_BITS) | commit_index.
+# Delta txnVersion packs a batch's last position as (commit_lsn << INDEX_BITS) | commit_index
+# within one txnAppId; positions that do not fit in 63 bits that way get an app id of their own
+# (txn_identity). Old app ids expire after TXN_RETENTION (schemas.LOG_PROPERTIES).
 TXN_INDEX_BITS = 20
-TXN_MAX_LSN = 1 << (63 - TXN_INDEX_BITS)
+TXN_LSN_BITS = 63 - TXN_INDEX_BITS
+TXN_MAX_LSN = 1 << TXN_LSN_BITS
 
 # Small-file upkeep (docs/bronze.md): after this many commits by this process to a table, its
 # source's partition is compacted (delta-rs optimize, no data change) and files older than the
@@ -37,11 +40,24 @@ TXN_MAX_LSN = 1 << (63 - TXN_INDEX_BITS)
 COMPACT_EVERY_COMMITS = 100
 
 
-def txn_version(commit_lsn: int, commit_index: int) -> int | None:
-    """A strictly increasing Delta txnVersion for a batch ending at this position, if it fits."""
-    if commit_lsn >= TXN_MAX_LSN or commit_index >= (1 << TXN_INDEX_BITS):
-        return None
-    return (commit_lsn << TXN_INDEX_BITS) | commit_index
+def txn_identity(app_id: str, commit_lsn: int, commit_index: int) -> tuple[str, int]:
+    """The Delta (txnAppId, txnVersion) of a batch of `app_id` ending at (commit_lsn, commit_index).
+
+    Every position gets one, and two positions with the same txnAppId have versions in position
+    order, so "recorded version >= this batch's version" means "this batch is committed":
+    - commit_index < 2^20 and commit_lsn < 2^43 (Postgres below 8 TiB of WAL): `app_id` itself,
+      version `(commit_lsn << 20) | commit_index` (the packing tables written before this had);
+    - commit_index < 2^20, larger LSNs (a MongoDB clusterTime is ~2^62; Postgres past 8 TiB):
+      `app_id@e<commit_lsn >> 43>`, version the low 43 bits packed the same way. For MongoDB an
+      epoch is 2^11 s (~34 min); expired app ids leave the log after TXN_RETENTION;
+    - commit_index >= 2^20 (a batch ending deep in a transaction of over a million events):
+      `app_id@t<commit_lsn>`, version `commit_index`.
+    """
+    if commit_index >= 1 << TXN_INDEX_BITS:
+        return f"{app_id}@t{commit_lsn}", commit_index
+    epoch, low = divmod(commit_lsn, TXN_MAX_LSN)
+    version = (low << TXN_INDEX_BITS) | commit_index
+    return (app_id if epoch == 0 else f"{app_id}@e{epoch}"), version
 
 
 def _now() -> datetime:
@@ -167,8 +183,8 @@ class BronzeWriter(BronzeState):
             return
         last = events[-1]
         data = _events_to_arrow(source, source_kind, writer_id, events, end_lsns or {})
-        version = txn_version(last.commit_lsn, last.commit_index)
-        self._append(WAL_EVENTS_TABLE, data, source, f"{source}/{writer_id}", version)
+        app_id, version = txn_identity(f"{source}/{writer_id}", last.commit_lsn, last.commit_index)
+        self._append(WAL_EVENTS_TABLE, data, source, app_id, version)
 
     def append_relations(self, source: str, shapes: Sequence[RelationShape]) -> None:
         """Record table shapes first seen in this batch."""
