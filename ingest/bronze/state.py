@@ -77,6 +77,23 @@ class BronzeState:
         )
         return {f"{r['table_schema']}.{r['table_name']}": int(r["hw"]) for r in t.to_pylist()}
 
+    def captured_tables(self, source: str) -> set[tuple[str, str]]:
+        """Every (table_schema, table_name) bronze holds a change or a snapshot row of for `source`.
+
+        A full read of the source's partitions (two columns): for recoveries, not for the hot path.
+        """
+        found: set[tuple[str, str]] = set()
+        for table in (WAL_EVENTS_TABLE, SNAPSHOT_PAGES_TABLE):
+            if not self.exists(table):
+                continue
+            t = self._query(
+                "select distinct table_schema, table_name from t "
+                f"where source = {sql_str(source)} and table_schema is not null and table_name is not null",
+                t=table,
+            )
+            found.update((r["table_schema"], r["table_name"]) for r in t.to_pylist())
+        return found
+
     def last_durable_page(self, source: str, snapshot_id: str) -> DurablePage | None:
         """Where a snapshot stands in bronze: its last committed page, cursor, rows and completion."""
         where = f"where source = {sql_str(source)} and snapshot_id = {sql_str(snapshot_id)}"

@@ -159,12 +159,24 @@ class MongoCapture:
         return open_stream(client, self.src, self.scope, stored, self.durable_lsn)
 
     def _recover_history_lost(self, client: MongoClient[dict[str, Any]], committer: Committer) -> ChangeEvent:
-        """`on_history_lost: resnapshot`: tombstone every collection now; the stream restarts here."""
+        """`on_history_lost: resnapshot`: tombstone every collection now; the stream restarts here.
+
+        With the whole database in scope, "every collection" includes those bronze holds that are
+        gone now (W6): one dropped during the lost window, whose drop event fell off the oplog,
+        would otherwise keep its rows live in silver forever.
+        """
         now = pack_cluster_time(cluster_time(client))
         names = collections(client, self.src)
         for coll in names:
             self._snapshots.put((coll, None))
-        tables = tuple(f"{self.src.database}.{c}" for c in names) or (self.scope.qualified,)
+        gone: set[str] = set()
+        if self.src.collections is None:
+            gone = {
+                table
+                for db, table in self.writer.captured_tables(self.src.name)
+                if db == self.src.database and table not in names
+            }
+        tables = tuple(f"{self.src.database}.{c}" for c in [*names, *sorted(gone)]) or (self.scope.qualified,)
         event = ChangeEvent(
             commit_lsn=now,
             commit_index=0,

@@ -7,6 +7,7 @@ what the capture does with them.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,10 +15,11 @@ from bson.timestamp import Timestamp
 from pymongo.errors import OperationFailure
 
 from ingest.bronze.committer import Batch
+from ingest.bronze.writer import BronzeWriter
 from ingest.capture.batcher import Resume
 from ingest.config import BatchConfig, MongoSource
 from ingest.errors import SourceError
-from ingest.events import Action
+from ingest.events import Action, ChangeEvent
 from ingest.progress import Progress
 from ingest.sources.mongodb.capture import MongoCapture
 from ingest.sources.mongodb.changes import from_ext_json
@@ -240,3 +242,26 @@ def test_history_lost_resnapshot_tombstones_every_collection_at_the_current_time
     assert ev.truncated_tables == ("shop.orders", "shop.customers")
     assert c.batches[0].durable_lsn == LSN | 99
     assert sorted(cap._snapshots.get_nowait()[0] for _ in range(2)) == ["customers", "orders"]
+
+
+def test_history_lost_resnapshot_also_tombstones_collections_gone_from_the_database(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """W6: a collection dropped while the history was lost keeps no live rows: bronze names it."""
+    import ingest.sources.mongodb.capture as capture
+
+    monkeypatch.setattr(capture, "cluster_time", lambda client: Timestamp(T0, 99))
+    monkeypatch.setattr(capture, "collections", lambda client, src: ["orders"])
+    writer = BronzeWriter(tmp_path)
+    writer.ensure_tables()
+    old = [
+        ChangeEvent(LSN, 0, LSN, T0 * 1_000_000, Action.INSERT, db, coll, record_pk='{"_id":1}', record="{}")
+        for db, coll in (("shop", "orders"), ("shop", "dropped_meanwhile"), ("other_db", "elsewhere"))
+    ]
+    writer.append_events("m", "mongodb", "stream", old)
+    src = source(on_history_lost="resnapshot", collections=None)
+    cap = MongoCapture(src, BatchConfig(), writer, Progress("m", enabled=False))
+    c = FakeCommitter()
+    ev = cap._recover_history_lost(None, c)  # type: ignore[arg-type]
+    assert ev.truncated_tables == ("shop.orders", "shop.dropped_meanwhile")
+    assert cap._snapshots.get_nowait()[0] == "orders" and cap._snapshots.empty()  # nothing to read of a gone one
