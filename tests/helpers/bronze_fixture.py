@@ -98,15 +98,18 @@ POSITIONS = {
 
 
 def relations() -> list[tuple]:
-    def col(name: str, oid: int, type_name: str, json_kind: str, pk: int | None = None) -> tuple:
-        return (name, oid, type_name, -1, pk is not None, pk, json_kind)
+    # As ingest records them: format_type(oid, typmod) with the column's typmod (numeric(12,2) is
+    # (12 << 16 | 2) + 4), json_kind per docs/bronze.md; test_pg_types holds orders to real bronze.
+    def col(name: str, oid: int, type_name: str, json_kind: str, pk: int | None = None, typmod: int = -1) -> tuple:
+        return (name, oid, type_name, typmod, pk is not None, pk, json_kind)
 
     customers = [col("id", 20, "bigint", "int", 1), col("name", 25, "text", "text"),
                  col("email", 25, "text", "text"),
-                 col("created_at", 1184, "timestamp with time zone", "text")]
+                 col("created_at", 1184, "timestamp with time zone", "temporal")]
     orders = [col("id", 20, "bigint", "int", 1), col("customer_id", 20, "bigint", "int"),
-              col("amount", 1700, "numeric(12,2)", "numeric"), col("status", 25, "text", "text"),
-              col("updated_at", 1184, "timestamp with time zone", "text"),
+              col("amount", 1700, "numeric(12,2)", "numeric", typmod=(12 << 16 | 2) + 4),
+              col("status", 25, "text", "text"),
+              col("updated_at", 1184, "timestamp with time zone", "temporal"),
               col("note", 25, "text", "text")]
     return [
         (SOURCE, 16384, "public", "customers", "d", customers, "h1", 100, NOW),

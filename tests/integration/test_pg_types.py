@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import bronze_fixture
 from tests.helpers.delta_rows import read
 from tests.helpers.pg import bronze_events, capture_once, prepare
 
@@ -15,6 +16,7 @@ pytestmark = pytest.mark.integration
 TYPES_SQL = """
 create type mood as enum ('sad', 'ok', 'happy');
 create domain posint as integer check (value > 0);
+create domain amount as numeric(12, 2);
 create table typed (
     id bigint primary key,
     c_int2 int2, c_int4 int4, c_int8 int8,
@@ -24,7 +26,7 @@ create table typed (
     c_bool bool, c_date date, c_time time, c_timestamp timestamp, c_timestamptz timestamptz,
     c_interval interval, c_uuid uuid, c_json json, c_jsonb jsonb, c_bytea bytea,
     c_int_array int[], c_text_array text[], c_int_matrix int[][],
-    c_enum mood, c_domain posint
+    c_enum mood, c_domain posint, c_amount amount, c_amount_array amount[]
 )
 """
 
@@ -34,7 +36,7 @@ ROWS = [
        'vc', 'ab', true, '2024-02-29', '13:14:15.5', '2024-01-02 03:04:05.123456',
        '2024-01-02 03:04:05+02', '1 day 2 hours', 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11',
        '{"a": [1, 2]}', '{"b": null}', '\\x00ff10', '{1,NULL,3}', '{"a,b","c\\"d",NULL,"NULL"}',
-       '{{1,2},{3,4}}', 'happy', 7)""",
+       '{{1,2},{3,4}}', 'happy', 7, 1.5, '{2.25}')""",
     # id 2: special values
     """insert into typed (id, c_numeric_free, c_float4, c_float8, c_timestamp, c_timestamptz, c_date, c_json, c_jsonb)
        values (2, 'NaN', 'NaN', '-Infinity', 'infinity', '-infinity', 'infinity', 'null', 'null')""",
@@ -71,6 +73,8 @@ EXPECTED = {
         "c_int_matrix": [[1, 2], [3, 4]],
         "c_enum": "happy",
         "c_domain": 7,
+        "c_amount": "1.50",
+        "c_amount_array": ["2.25"],
     },
     2: {
         "c_numeric_free": "NaN",
@@ -83,6 +87,38 @@ EXPECTED = {
         "c_jsonb": "null",
     },
     4: {"c_float8": "Infinity", "c_int8": -9223372036854775808, "c_int2": -32768},
+}
+
+
+TYPE_NAMES = {
+    "id": "bigint",
+    "c_int2": "smallint",
+    "c_int4": "integer",
+    "c_int8": "bigint",
+    "c_numeric": "numeric(12,3)",
+    "c_numeric_free": "numeric",
+    "c_float4": "real",
+    "c_float8": "double precision",
+    "c_text": "text",
+    "c_varchar": "character varying(10)",
+    "c_char": "character(3)",
+    "c_bool": "boolean",
+    "c_date": "date",
+    "c_time": "time without time zone",
+    "c_timestamp": "timestamp without time zone",
+    "c_timestamptz": "timestamp with time zone",
+    "c_interval": "interval",
+    "c_uuid": "uuid",
+    "c_json": "json",
+    "c_jsonb": "jsonb",
+    "c_bytea": "bytea",
+    "c_int_array": "integer[]",
+    "c_text_array": "text[]",
+    "c_int_matrix": "integer[]",
+    "c_enum": "mood",
+    "c_domain": "integer",
+    "c_amount": "numeric(12,2)",
+    "c_amount_array": "amount[]",
 }
 
 
@@ -111,7 +147,26 @@ def test_source_relations_record_types_and_key(warehouse: Any, make_source: Any)
     assert len(rel) == 1
     cols = {c.name: c for c in rel[0].columns}
     assert cols["id"].pk_position == 1 and cols["c_int2"].pk_position is None
-    assert cols["c_numeric"].type_name == "numeric" and cols["c_numeric"].json_kind == "numeric"
-    assert cols["c_domain"].json_kind == "int"
+    assert cols["c_numeric"].json_kind == "numeric" and cols["c_domain"].json_kind == "int"
     assert cols["c_int_matrix"].json_kind == "array"
-    assert cols["c_timestamptz"].type_name == "timestamp with time zone"
+    # the real type with its modifier, a domain's base type (W8: was format_type(oid, NULL), so 'numeric')
+    assert {name: c.type_name.removeprefix(f"{s.schema}.") for name, c in cols.items()} == TYPE_NAMES
+    assert cols["c_numeric"].type_modifier == (12 << 16 | 3) + 4
+
+
+def test_the_dbt_fixture_writes_what_ingest_writes(warehouse: Any, make_source: Any) -> None:
+    """tests/helpers/bronze_fixture.py's shape of orders is the one real bronze records (W8, T7)."""
+    (fixture_orders,) = [r[5] for r in bronze_fixture.relations() if r[3] == "orders" and len(r[5]) == 6]
+    s = make_source(
+        "create table orders (id bigint primary key, customer_id bigint, amount numeric(12, 2), "
+        "status text, updated_at timestamptz, note text)",
+        ["orders"],
+    )
+    prepare(s.config())
+    s.execute("insert into orders (id) values (1)")
+    capture_once(warehouse, s.config())
+    (rel,) = read(warehouse / "bronze" / "source_relations", f"source = '{s.name}'")
+    real = [
+        (c.name, c.type_oid, c.type_name, c.type_modifier, c.is_key, c.pk_position, c.json_kind) for c in rel.columns
+    ]
+    assert real == [tuple(c) for c in fixture_orders]

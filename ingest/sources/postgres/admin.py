@@ -330,11 +330,26 @@ class PostgresAdmin:
             )
             return [str(r[0]) for r in cur.fetchall()]
 
-    def type_names(self, oids: list[int]) -> dict[int, str]:
-        """format_type() of each oid (for bronze.source_relations)."""
+    def type_names(self, types: list[tuple[int, int]]) -> dict[tuple[int, int], str]:
+        """format_type() of each (type oid, type modifier), a domain's of its base type (bronze.source_relations).
+
+        The modifier is the column's (pg_attribute.atttypmod, a Relation message's typmod), so
+        numeric(12,2) stays numeric(12,2) (review W8). A domain is named by the type under it, with the
+        domain's own modifier (Postgres' getBaseTypeAndTypmod): gold types the values, which are the
+        base type's. A type the server does not know is left out.
+        """
         with self.conn.cursor() as cur:
-            cur.execute("select oid::bigint, format_type(oid, null) from pg_type where oid = any(%s)", (oids,))
-            return {int(str(r[0])): str(r[1]) for r in cur.fetchall()}
+            cur.execute(
+                "with recursive base(oid, typmod, type_oid, type_mod) as ("
+                " select k.oid, k.typmod, k.oid, k.typmod from unnest(%s::oid[], %s::int[]) k(oid, typmod)"
+                " union all"
+                " select base.oid, base.typmod, t.typbasetype, t.typtypmod from base"
+                " join pg_type t on t.oid = base.type_oid where t.typtype = 'd')"
+                " select base.oid::bigint, base.typmod, format_type(base.type_oid, nullif(base.type_mod, -1))"
+                " from base join pg_type t on t.oid = base.type_oid where t.typtype <> 'd'",
+                ([t[0] for t in types], [t[1] for t in types]),
+            )
+            return {(int(str(r[0])), int(str(r[1]))): str(r[2]) for r in cur.fetchall()}
 
     def type_catalog_rows(self, query: str) -> list[tuple[object, ...]]:
         """Rows of `query` (the value mapper's pg_type query)."""

@@ -21,7 +21,8 @@ class PgCatalog:
         self.admin = admin
         self.masks = admin.src.masks()
         self.types = TypeCatalog.from_rows(admin.type_catalog_rows(TYPE_CATALOG_SQL))
-        self._names: dict[int, str] = {}
+        self._seen: set[int] = set()
+        self._names: dict[tuple[int, int], str] = {}
 
     def record_key(self, relation_id: int) -> list[str]:
         """The relation's record key, in key order (admin.record_key)."""
@@ -38,9 +39,9 @@ class PgCatalog:
         return mask
 
     def _known(self, type_oid: int) -> None:
-        if type_oid not in self._names:
+        if type_oid not in self._seen:
             self.types = TypeCatalog.from_rows(self.admin.type_catalog_rows(TYPE_CATALOG_SQL))
-            self._names.update(self.admin.type_names([type_oid]))
+            self._seen.add(type_oid)
 
     def encoder(self, type_oid: int) -> Encoder:
         """Encoder of the type's text output to JSON."""
@@ -52,10 +53,12 @@ class PgCatalog:
         self._known(type_oid)
         return self.types.json_kind(type_oid)
 
-    def type_name(self, type_oid: int) -> str:
-        """format_type() of the type."""
-        self._known(type_oid)
-        return self._names.get(type_oid, str(type_oid))
+    def type_name(self, type_oid: int, type_modifier: int = -1) -> str:
+        """format_type() of the type with the column's modifier; of the base type for a domain (W8)."""
+        key = (type_oid, type_modifier)
+        if key not in self._names:
+            self._names.update(self.admin.type_names([key]))
+        return self._names.get(key, str(type_oid))
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +137,6 @@ def captured_shape(shape: TableShape, mask: TableMask | None, source: str) -> Ta
         shape.key_types,
         shape.partitioned,
     )
-
 
 
 def estimate_rows(admin: PostgresAdmin, table: str) -> int | None:

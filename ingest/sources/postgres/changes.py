@@ -59,8 +59,8 @@ class Catalog(Protocol):
     def json_kind(self, type_oid: int) -> str:
         """The name of the JSON mapping used for the type."""
 
-    def type_name(self, type_oid: int) -> str:
-        """format_type() of the type."""
+    def type_name(self, type_oid: int, type_modifier: int) -> str:
+        """format_type() of the type with the column's modifier (a domain's base type: what gold types by)."""
 
 
 @runtime_checkable
@@ -170,7 +170,7 @@ class ChangeBuilder:
             ColumnShape(
                 name=c.name,
                 type_oid=c.type_oid,
-                type_name=self.catalog.type_name(c.type_oid),
+                type_name=self.catalog.type_name(c.type_oid, c.type_modifier),
                 type_modifier=c.type_modifier,
                 is_key=c.is_key,
                 pk_position=pk.index(c.name) + 1 if c.name in pk else None,

@@ -64,7 +64,7 @@ class FixtureCatalog:
     def json_kind(self, type_oid: int) -> str:
         return self.types.json_kind(type_oid)
 
-    def type_name(self, type_oid: int) -> str:
+    def type_name(self, type_oid: int, type_modifier: int) -> str:
         return str(type_oid)
 
 
