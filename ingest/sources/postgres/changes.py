@@ -7,6 +7,7 @@ live in `values.py`.
 
 from __future__ import annotations
 
+import logging
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ from ingest.sources.postgres.pgoutput import (
     pg_to_unix_us,
 )
 from ingest.sources.postgres.rows import encode_key, encode_record, json_keys, width_error
+
+log = logging.getLogger(__name__)
 
 _U32: Final = struct.Struct("!I")
 # pg_class.relreplident, as a Relation message carries it
@@ -105,6 +108,45 @@ class _Rel:
         return [values[i] for i in self.keep]
 
 
+def historic_key(msg: Relation, catalog_key: list[str]) -> list[str]:
+    """The record key that was true when `msg` was written: today's catalog key unless it disagrees.
+
+    The catalog is read now, the Relation message as of its WAL position (review finding C1): a key
+    column renamed since, a primary key moved to another (or a later) column, or the table dropped
+    made the catalog's key wrong for old WAL, and decoding it failed on every restart. Under DEFAULT
+    and USING INDEX the message's key flags are the identity's columns as they were then: they win
+    whenever they name other columns (the catalog's order is kept when they agree: a composite key
+    in index order, as snapshots page by it). Under FULL every column is flagged; a catalog key the
+    message does not carry (FULL, or no identity at all back then) falls back to every column.
+    """
+    names = [c.name for c in msg.columns]
+    if msg.replica_identity in (REPLICA_IDENTITY_DEFAULT, REPLICA_IDENTITY_INDEX):
+        flagged = [c.name for c in msg.columns if c.is_key]
+        if flagged and set(flagged) != set(catalog_key):
+            if catalog_key:
+                log.warning(
+                    "table %s.%s: the catalog's key %s is not the one this WAL was written with (%s): the key "
+                    "changed since; these changes are keyed by %s (a snapshot of the table re-keys its records)",
+                    msg.namespace,
+                    msg.name,
+                    catalog_key,
+                    flagged,
+                    flagged,
+                )
+            return flagged
+    if catalog_key and not set(catalog_key) <= set(names):
+        # FULL, or no identity when this WAL was written (inserts only): a key added since.
+        log.warning(
+            "table %s.%s: the catalog's key %s is not in this WAL's columns (the key changed since): these "
+            "changes are keyed by every column, as under REPLICA IDENTITY FULL without a primary key",
+            msg.namespace,
+            msg.name,
+            catalog_key,
+        )
+        return names
+    return catalog_key
+
+
 class ChangeBuilder:
     """Consumes pgoutput messages in stream order and emits ChangeEvents and TxnEnds.
 
@@ -134,11 +176,7 @@ class ChangeBuilder:
     # -- relations -------------------------------------------------------------------------
     def _relation(self, msg: Relation) -> None:
         all_names = tuple(c.name for c in msg.columns)
-        pk = self.catalog.record_key(msg.relation_id)
-        if not pk and msg.replica_identity in (REPLICA_IDENTITY_DEFAULT, REPLICA_IDENTITY_INDEX):
-            # The catalog no longer knows a key (the table or its key was dropped since this WAL was
-            # written): the Relation message's own key flags say what the identity was then (C1).
-            pk = [c.name for c in msg.columns if c.is_key]
+        pk = historic_key(msg, self.catalog.record_key(msg.relation_id))
         if not pk:
             if msg.replica_identity != REPLICA_IDENTITY_FULL:
                 raise SourceError(
@@ -147,9 +185,6 @@ class ChangeBuilder:
                     "key or set REPLICA IDENTITY FULL, or leave the table out of the publication"
                 )
             pk = list(all_names)
-        missing = [k for k in pk if k not in all_names]
-        if missing:
-            raise SourceError(f"table {msg.namespace}.{msg.name}: key columns {missing} not in the relation")
         mask = self._masks(msg.namespace, msg.name) if self._masks is not None else None
         keep: tuple[int, ...] | None = None
         columns = msg.columns

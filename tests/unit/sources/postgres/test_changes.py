@@ -110,7 +110,9 @@ def builder_for(columns: list[tuple[str, int]], replica_identity: str = "d", key
     cat = FixtureCatalog()
     cat.columns[7] = [name for name, _ in columns] if key else []
     b = ChangeBuilder(cat, use_native=False)
-    cols = tuple(RelationColumn(flags=1, name=name, type_oid=oid, type_modifier=-1) for name, oid in columns)
+    # The key flags as the server sets them: the identity's columns, every column under FULL.
+    flag = {name: int(replica_identity == "f" or (key and name == "id")) for name, _ in columns}
+    cols = tuple(RelationColumn(flag[name], name, oid, -1) for name, oid in columns)
     b.feed(Relation(relation_id=7, namespace="s", name="t", replica_identity=replica_identity, columns=cols))
     b.feed(Begin(final_lsn=100, commit_ts_us=0, xid=1))
     return b
