@@ -61,12 +61,19 @@ class BronzeState:
         """Whether `table` has been created."""
         return self.tables.exists(self.path(table))
 
-    def known_shapes(self, source: str) -> set[str]:
-        """Shape hashes already recorded for `source`."""
+    def known_shapes(self, source: str) -> dict[tuple[str, str], str]:
+        """(table_schema, table_name) -> hash of its latest recorded shape (silver.table_columns' pick).
+
+        Latest by first_seen_lsn, then ingested_at: a table whose shape went back to an older one
+        (ADD then DROP COLUMN) must be recorded again, or its latest row keeps the phantom column
+        (review W12), so the stream compares a new shape with this one, not with every hash seen.
+        """
         t = self._query(
-            f"select distinct shape_hash from t where source = {sql_str(source)}", t=SOURCE_RELATIONS_TABLE
+            "select table_schema, table_name, shape_hash from t "
+            f"where source = {sql_str(source)} order by first_seen_lsn, ingested_at",
+            t=SOURCE_RELATIONS_TABLE,
         )
-        return set(t.column("shape_hash").to_pylist())
+        return {(r["table_schema"], r["table_name"]): r["shape_hash"] for r in t.to_pylist()}
 
     def completed_snapshots(self, source: str) -> dict[str, int]:
         """`schema.table` -> high watermark of its latest completed snapshot (its last page)."""

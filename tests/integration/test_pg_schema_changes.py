@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.delta_rows import read
 from tests.helpers.pg import bronze_events, capture_once, prepare
 
 pytestmark = pytest.mark.integration
@@ -88,3 +89,28 @@ def test_old_wal_of_a_table_dropped_since_is_keyed_by_its_relation_message(wareh
         ("gone", "update", '{"b":2}'),
         ("items", "insert", '{"id":1}'),
     ]
+
+
+def latest_columns(warehouse: Path, source: str) -> list[str]:
+    """The columns of the table's latest recorded shape: silver.table_columns' pick."""
+    shapes = read(warehouse / "bronze" / "source_relations", f"source = '{source}'", "first_seen_lsn, ingested_at")
+    return [c.name for c in shapes[-1].columns]
+
+
+def test_a_shape_that_returns_to_an_earlier_one_is_recorded_again(warehouse: Path, make_source: Any) -> None:
+    """W12: shapes were deduplicated by hash, so after ADD then DROP COLUMN the latest kept the phantom column."""
+    s = make_source("create table items (id int primary key, v text)", ["items"])
+    src = s.config()
+    prepare(src)
+    s.execute("insert into items values (1, 'a')")
+    s.execute("alter table items add column x int; insert into items values (2, 'b', 2)")
+    s.execute("alter table items drop column x; insert into items values (3, 'c')")
+    capture_once(warehouse, src)
+    assert latest_columns(warehouse, s.name) == ["id", "v"]
+    # ... and across a restart: the last recorded shape comes from bronze.
+    s.execute("alter table items add column x int; insert into items values (4, 'd', 4)")
+    capture_once(warehouse, src)
+    assert latest_columns(warehouse, s.name) == ["id", "v", "x"]
+    s.execute("alter table items drop column x; insert into items values (5, 'e')")
+    capture_once(warehouse, src)
+    assert latest_columns(warehouse, s.name) == ["id", "v"]

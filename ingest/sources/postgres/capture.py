@@ -229,7 +229,7 @@ class PostgresCapture:
         stream: ReplicationStream,
         committer: Committer,
         builder: ChangeBuilder,
-        known_shape_hashes: set[str],
+        last_shapes: dict[tuple[str, str], str],
         resume: Resume,
         once: bool,
         should_stop: Callable[[], bool],
@@ -261,9 +261,12 @@ class PostgresCapture:
         committer.while_waiting = keep_alive
 
         def take_shapes() -> None:
+            # Recorded whenever a table's shape differs from its last recorded one (W12: a shape
+            # that returns to an earlier hash is the latest again).
             for sh in builder.new_shapes:
-                if sh.shape_hash not in known_shape_hashes:
-                    known_shape_hashes.add(sh.shape_hash)
+                table = (sh.table_schema, sh.table_name)
+                if last_shapes.get(table) != sh.shape_hash:
+                    last_shapes[table] = sh.shape_hash
                     batcher.shapes.append(sh)
             builder.new_shapes.clear()
 
