@@ -3,8 +3,19 @@
 Each page is its own short `find` with `readConcern: snapshot`: the server picks the page's
 `atClusterTime` and returns it, and it becomes the page's position (`high_watermark_lsn`): stream
 events at or before it are older than the page's rows, later ones newer. A page is one Delta
-commit; the writer row `snapshot-<id>` is raised to the page's position after it and removed
-when the last page is durable. A crashed snapshot resumes after its last durable page's `_id`.
+commit. A crashed snapshot resumes after its last durable page's `_id`.
+
+The writer row `snapshot-<id>` keeps every page out of silver until it is durable (DESIGN §5: a
+page may be used once the safe bound has passed its position; silver also takes a page above what
+it has folded as not yet placed, models/silver/snapshot_rows_placed.sql). Unlike a Postgres
+watermark, `atClusterTime` is the server's and does not move while the source is idle (W5), so:
+- a page must lie above the row's position: a page read at or below it (the first page on an idle
+  source, registered at the safe bound) is read again until the cluster time has moved (MongoDB's
+  periodic no-op write moves it within ~10 s), at most TIE_WAIT_S;
+- after a page the row stands one tick below the page's position, not at it: the next page, read
+  at the same cluster time on an idle source, still lies above it; pages at one cluster time
+  become usable together, once a later page or the snapshot's end moves the row past them;
+- the row is removed when the last page is durable.
 """
 
 from __future__ import annotations
@@ -35,12 +46,15 @@ from ingest.sources.mongodb.changes import (
     mask_document,
     pack_cluster_time,
     record_key,
+    unpack_cluster_time,
 )
 from ingest.sources.mongodb.source import cluster_time
 
 log = logging.getLogger(__name__)
 
 SNAPSHOT_READ_CONCERN = {"level": "snapshot"}
+TIE_WAIT_S = 60.0  # how long a page read at or below the writer row's position is retried
+TIE_POLL_S = 0.5
 
 
 def comparison_bracket(value: Any) -> str:
@@ -91,14 +105,14 @@ class MongoSnapshotter:
         page_number, after = start
         self._check_key_types()
         while not should_stop():
-            page = self._read_page(page_number, after)
+            page = self._read_page_above_position(page_number, after)
             self.writer.append_page(self.src.name, SourceKind.MONGODB, self.writer_id, page)
             self.state = replace(self.state, pages=page_number + 1, rows=self.state.rows + len(page.rows))
             if page.last_page:
                 self.writer.remove_writer(self.src.name, self.writer_id)
                 log.info("snapshot done source=%s table=%s rows=%d", self.src.name, self.ns.qualified, self.state.rows)
                 return True
-            self._raise(page.high_watermark_lsn)
+            self._raise(page.high_watermark_lsn - 1)  # one tick below: see the module's docstring
             after = from_ext_json(page.rows[-1].key_text[0])
             page_number += 1
         return False
@@ -150,6 +164,22 @@ class MongoSnapshotter:
                 "within one type only: not supported"
             )
 
+    def _read_page_above_position(self, page_number: int, after: Any) -> SnapshotPage:
+        """The page, read at a cluster time above the writer row's position (W5; module docstring)."""
+        deadline = time.monotonic() + TIE_WAIT_S
+        while True:
+            page = self._read_page(page_number, after)
+            if page.high_watermark_lsn > self.durable_lsn:
+                return page
+            if time.monotonic() >= deadline:
+                raise SourceError(
+                    f"sources.{self.src.name}: snapshot of {self.ns.qualified}: the cluster time stayed at "
+                    f"{unpack_cluster_time(self.durable_lsn)} for {TIE_WAIT_S:.0f} s, so a page cannot be placed "
+                    "after what silver may have folded; a replica set moves it every 10 s with a no-op write "
+                    "(periodicNoopIntervalSecs): check that the set has a primary and majority-commits writes"
+                )
+            time.sleep(TIE_POLL_S)
+
     def _read_page(self, page_number: int, after: Any) -> SnapshotPage:
         db = self.client[self.ns.db]
         size = self.src.snapshot_page_size
@@ -190,11 +220,16 @@ class MongoSnapshotter:
         )
 
     def _fallback_cluster_time(self) -> Timestamp:
-        """A server that ignores `readConcern: snapshot` (compat.py): its cluster time after the read."""
+        """A server that ignores `readConcern: snapshot` (compat.py): its cluster time after the read.
+
+        Such a server (mongo-java-server) may not move its cluster time at all while idle: the page
+        then takes the tick after the writer row's position, as good a watermark there.
+        """
         if not self._warned_no_cluster_time:
             compat.warn_no_snapshot_time(self.src.name)
             self._warned_no_cluster_time = True
-        return cluster_time(self.client)
+        now = pack_cluster_time(cluster_time(self.client))
+        return unpack_cluster_time(max(now, self.durable_lsn + 1))
 
 
 def request_snapshot(
