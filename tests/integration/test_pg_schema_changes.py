@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from ingest.errors import SourceUnavailableError
 from tests.helpers.delta_rows import read
 from tests.helpers.pg import bronze_events, capture_once, prepare
 
@@ -114,3 +115,26 @@ def test_a_shape_that_returns_to_an_earlier_one_is_recorded_again(warehouse: Pat
     s.execute("alter table items drop column x; insert into items values (5, 'e')")
     capture_once(warehouse, src)
     assert latest_columns(warehouse, s.name) == ["id", "v"]
+
+
+def test_a_column_retyped_during_a_snapshot_is_ridden_out(warehouse: Path, make_source: Any) -> None:
+    """W9: a page read after ALTER COLUMN TYPE went through the old type's encoder (int -> text: invalid JSON)."""
+    s = make_source("create table items (id int primary key, n int)", ["items"])
+    s.execute("insert into items select g, g from generate_series(1, 4) g")
+    src = s.config()
+    prepare(src)
+
+    def retype_before_page_2(point: str, task: Any, page: int) -> None:
+        if point == "before_read" and page == 2:
+            s.execute("alter table items alter column n type text using 'n' || n")
+
+    with pytest.raises(SourceUnavailableError, match=r"changed shape during its snapshot \(column n of .* type"):
+        capture_once(warehouse, src, snapshots=True, snapshot_hook=retype_before_page_2, page_rows=1)
+    capture_once(warehouse, src, snapshots=True, page_rows=1)  # what the retry loop does next
+    pages = read(warehouse / "bronze/snapshot_pages", f"source = '{s.name}' and row_index >= 0", "page_number")
+    assert [json.loads(p.record) for p in pages] == [
+        {"id": 1, "n": 1},
+        {"id": 2, "n": 2},
+        {"id": 3, "n": "n3"},
+        {"id": 4, "n": "n4"},
+    ]

@@ -135,6 +135,7 @@ class PageReader:
         xip = tuple(int(x) for x in xip_text.split(",") if x)
         read_at_us = int(time.time() * 1_000_000)
         res = self._exec(text.encode(), params)
+        self._check_types(shape)
         self._exec(b"COMMIT")
         table = f"{shape.schema}.{shape.name}"
         keys_json = json_keys(shape.columns)
@@ -148,6 +149,31 @@ class PageReader:
             rows.append(SnapshotRow(record_pk, record, key_text))
         self._hook("after_read", task, page)
         return PageRead(rows, xmin, xmax, xip, read_at_us)
+
+    def _check_types(self, shape: TableShape) -> None:
+        """Fail the page (transiently) if a column's type is not the one its encoder was made for.
+
+        Asked inside the page's transaction, after its read: the read's lock keeps the table's
+        columns as they were read until COMMIT. A retyped column (ALTER COLUMN ... TYPE between
+        two pages) still reads, but its values went through the old type's encoder: int -> text
+        gave invalid JSON (review finding W9). The retry resumes after the last durable page with
+        the table's new shape, as a dropped column does.
+        """
+        ident = sql.Identifier(shape.schema, shape.name).as_string(None)
+        res = self._exec(
+            b"select attname, atttypid::bigint::text from pg_attribute "
+            b"where attrelid = $1::regclass and attnum > 0 and not attisdropped",
+            [ident.encode()],
+        )
+        now = {bytes(res.get_value(r, 0) or b"").decode(): int(res.get_value(r, 1) or b"0") for r in range(res.ntuples)}
+        changed = [c for c, oid in zip(shape.columns, shape.type_oids, strict=True) if now.get(c) != oid]
+        if changed:
+            self._exec(b"ROLLBACK")
+            raise SourceUnavailableError(
+                f"source {self.src.name!r}: the table changed shape during its snapshot (column "
+                f"{', '.join(changed)} of {shape.schema}.{shape.name} changed type); the snapshot resumes after "
+                "its last durable page with the new columns"
+            )
 
     def max_key(self, shape: TableShape) -> tuple[str, ...] | None:
         """The table's largest key now (as key text), or None if it is empty."""
@@ -172,5 +198,3 @@ class PageReader:
         """The server's current WAL insert position (no later watermark can be at or below it)."""
         res = self._exec(b"select pg_current_wal_insert_lsn()::text")
         return lsn_to_int((res.get_value(0, 0) or b"").decode())
-
-
