@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,3 +45,29 @@ def warehouse(tmp_path: Path) -> Path:
     return tmp_path / "warehouse"
 
 
+
+
+# The suite runs on two pytest-xdist workers (scripts/test.sh: `-n 2 --dist loadgroup`). Every
+# module whose tests start Spark or dbt (a JVM with `local[2]`: the machine has 2 cores) joins
+# one group, which one worker runs in order and first; the other worker takes the PostgreSQL,
+# MongoDB and unit modules, which mostly wait on servers, one module at a time (their
+# module-scoped fixtures and scratch clusters' fixed ports stay on one worker). A module counts
+# as Spark's when its text names dbt, Spark or the dbt flow helpers: erring towards the Spark
+# group only serializes more.
+_SPARK_MODULE = re.compile(r"\bdbt\b|pyspark|SparkSession|spark_session|dbt_flow|cluster_flow", re.IGNORECASE)
+SPARK_GROUP = "spark-and-dbt"
+
+
+def _group(path: Path, cache: dict[Path, str]) -> str:
+    if path not in cache:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        cache[path] = SPARK_GROUP if _SPARK_MODULE.search(text) else str(path.relative_to(ROOT))
+    return cache[path]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Group tests for xdist (above) and put the Spark group first, so its worker starts on it."""
+    cache: dict[Path, str] = {}
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_group(Path(str(item.path)), cache)))
+    items.sort(key=lambda item: cache[Path(str(item.path))] != SPARK_GROUP)  # stable: file order kept
