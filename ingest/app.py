@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
 from types import FrameType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ingest.bronze.schemas import STREAM_POSITIONS_TABLE
 from ingest.bronze.writer import BronzeWriter
@@ -22,6 +22,9 @@ from ingest.ops import metrics
 from ingest.ops.health import Alert, AlertKind, SourceHealth, report, slot_alerts, writer_alerts
 from ingest.ops.watch import SlotReader, Watcher
 from ingest.sources.base import Source, bronze_status
+
+if TYPE_CHECKING:
+    from ingest.verify import Run
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -204,3 +207,51 @@ def status_report(cfg: Config, source: str | None) -> dict[str, Any]:
     now = datetime.now(UTC)
     healths = [(source_health(cfg, s, writer, now), s.format_position) for s in _selected(cfg, source)]
     return report(healths, now)
+
+
+def verify(
+    cfg: Config,
+    tables: list[str],
+    source: str | None,
+    wait_s: float,
+    range_rows: int,
+    max_keys: int,
+    show_progress: bool,
+) -> tuple[Run, Callable[[str, int], str]]:
+    """Compare tables with silver at one snapshot of their source (docs/verify.md); the run is recorded.
+
+    `tables` empty: every table of the selected sources. Returns the run and how to print a
+    source's position.
+    """
+    from ingest.verify import Run, record_run
+
+    chosen = _selected(cfg, source)
+    by_source: dict[str, list[str]] = {}
+    for table in tables:
+        candidates = [s for s in chosen if s.captures(table)]
+        if not candidates:
+            raise ConfigError(f"no configured source captures {table!r} (list it under sources.<n>.tables)")
+        if len(candidates) > 1:
+            names = ", ".join(s.name for s in candidates)
+            raise ConfigError(f"{table} is captured by several sources ({names}); pass --source NAME")
+        by_source.setdefault(candidates[0].name, []).append(table)
+    if not tables:
+        by_source = {s.name: list(getattr(cfg.source(s.name), "tables", [])) for s in chosen}
+    for name in by_source:
+        if not isinstance(cfg.source(name), PostgresSource):
+            raise ConfigError(
+                f"source {name}: verify is not supported yet for MongoDB sources (only Postgres sources can be "
+                "verified; pass --source NAME of a Postgres source)"
+            )
+    writer = _writer(cfg)
+    run = Run()
+    from ingest.sources.postgres.verify import verify_tables
+
+    for name, listed in by_source.items():
+        src_cfg = cfg.source(name)
+        assert isinstance(src_cfg, PostgresSource)
+        run.results += verify_tables(src_cfg, writer, listed, wait_s, range_rows, max_keys, show_progress, run.run_id)
+    run.finished_at = datetime.now(UTC)
+    record_run(writer, run)
+    formats = {s.name: s.format_position for s in chosen}
+    return run, lambda src, pos: formats[src](pos)

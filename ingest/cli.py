@@ -7,9 +7,10 @@ import json
 import logging
 import os
 import sys
+from functools import partial
 
-from ingest.config import load_config
-from ingest.errors import IngestError, RetriesExhaustedError, SourceUnavailableError
+from ingest.config import Config, load_config
+from ingest.errors import ConfigError, IngestError, RetriesExhaustedError, SourceUnavailableError
 
 DEFAULT_CONFIG_ENV = "CHANGELAKE_CONFIG"
 DEFAULT_CONFIG = "changelake.yml"
@@ -52,7 +53,43 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="one JSON document (docs/operations.md); exit 0 healthy, 3 lagging, 4 stale, 5 slot lost or unreachable",
     )
+    v = sub.add_parser(
+        "verify", help="compare source tables with silver at one position of the source (docs/verify.md)"
+    )
+    v.add_argument("tables", nargs="*", metavar="schema.table", help="tables to verify (default: every configured one)")
+    v.add_argument("--source", help="only this source (needed if several capture a table)")
+    v.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON document (docs/verify.md); exit 0 equal, 6 mismatches found, 7 could not verify",
+    )
+    v.add_argument(
+        "--wait",
+        type=float,
+        default=120.0,
+        metavar="S",
+        help="wait up to S seconds for bronze to pass the snapshot's position (default 120)",
+    )
+    v.add_argument("--range-rows", type=int, default=1000, metavar="N", help="rows per checksum range (default 1000)")
+    v.add_argument("--max-keys", type=int, default=100, metavar="N", help="keys listed per kind (default 100)")
+    v.add_argument("--no-progress", action="store_true", help="no rows/s lines on stderr")
     return p
+
+
+def _verify(cfg: Config, args: argparse.Namespace) -> int:
+    from ingest import app
+
+    if args.range_rows < 1 or args.max_keys < 0 or args.wait < 0:
+        raise ConfigError("verify: --range-rows must be at least 1, --max-keys and --wait not negative")
+    run, fmt = app.verify(
+        cfg, args.tables, args.source, args.wait, args.range_rows, args.max_keys, not args.no_progress
+    )
+    if args.json:
+        print(json.dumps(run.document(fmt), indent=2))
+    else:
+        for r in run.results:
+            print(r.line(partial(fmt, r.source)))
+    return run.exit_code
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
             doc = app.status_report(cfg, args.source)
             print(json.dumps(doc, indent=2))
             return int(doc["exit_code"])
+        elif args.command == "verify":
+            return _verify(cfg, args)
         elif args.command == "status":
             for st in app.status(cfg, args.source):
                 print(f"source {st.source}")

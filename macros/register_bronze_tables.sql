@@ -11,7 +11,9 @@
     -#}
     {%- if not execute -%}{{ return('') }}{%- endif -%}
     {%- set bronze_root = var('changelake_bronze_root').rstrip('/') -%}
-    {%- set known_tables = ['wal_events', 'stream_positions', 'source_relations', 'snapshot_pages'] -%}
+    {%- set known_tables = [
+        'wal_events', 'stream_positions', 'source_relations', 'snapshot_pages', 'verification_runs'
+    ] -%}
 
     {%- do run_query('create schema if not exists bronze') -%}
     {%- set schema_location = run_query('describe schema bronze').rows

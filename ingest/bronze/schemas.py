@@ -72,6 +72,31 @@ SNAPSHOT_PAGES = pa.schema(
     ]
 )
 
+VERIFICATION_RUNS = pa.schema(
+    [
+        ("source", pa.string()),
+        ("run_id", pa.string()),
+        ("table_schema", pa.string()),
+        ("table_name", pa.string()),
+        ("status", pa.string()),
+        ("reason", pa.string()),
+        ("position", pa.int64()),
+        ("silver_position", pa.int64()),
+        ("ranges", pa.int64()),
+        ("mismatched_ranges", pa.int64()),
+        ("unresolved_ranges", pa.int64()),
+        ("source_rows", pa.int64()),
+        ("silver_rows", pa.int64()),
+        ("skipped_keys", pa.int64()),
+        ("missing", pa.int64()),
+        ("extra", pa.int64()),
+        ("different", pa.int64()),
+        ("details", pa.string()),
+        ("started_at", TS),
+        ("finished_at", TS),
+    ]
+)
+
 COLUMN_STRUCT = pa.struct(
     [
         ("name", pa.string()),
@@ -153,4 +178,14 @@ SNAPSHOT_PAGES_TABLE = BronzeTable(
         *LOG_PROPERTIES,
     ),
 )
-ALL_TABLES = (WAL_EVENTS_TABLE, STREAM_POSITIONS_TABLE, SOURCE_RELATIONS_TABLE, SNAPSHOT_PAGES_TABLE)
+# Written by `changelake-ingest verify` (ingest/verify.py), one row per verified table per run.
+VERIFICATION_RUNS_TABLE = BronzeTable(
+    "verification_runs", VERIFICATION_RUNS, ("source",), (("delta.appendOnly", "true"), *LOG_PROPERTIES)
+)
+ALL_TABLES = (
+    WAL_EVENTS_TABLE,
+    STREAM_POSITIONS_TABLE,
+    SOURCE_RELATIONS_TABLE,
+    SNAPSHOT_PAGES_TABLE,
+    VERIFICATION_RUNS_TABLE,
+)

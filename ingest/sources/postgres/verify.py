@@ -1,0 +1,244 @@
+"""`verify` for Postgres: read tables inside one REPEATABLE READ snapshot and place it (docs/verify.md).
+
+The snapshot's position P: `pg_current_wal_insert_lsn()` read in the transaction's first
+statement, after its snapshot is taken, is above the commit record of every transaction the
+snapshot sees; a transaction committing above it is invisible. Below it, a transaction can still be
+invisible (in progress when the snapshot was taken, i.e. in its xip or at/after its xmax, as the
+snapshot pages of DESIGN §5 reason): bronze gives those transactions' commit positions (events
+carry the xid), and P is lowered to just below the first of them. Every transaction at or below P
+is then visible, and every one above the insert position is not; keys changed in between are
+skipped by the comparison (their silver record is newer than P).
+
+Rows are encoded exactly as a snapshot page encodes them (rows.py, the page's column list and
+masking): the record JSON on both sides is ingest's.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Sequence
+
+from psycopg import pq, sql
+
+from ingest.bronze.schemas import WAL_EVENTS_TABLE
+from ingest.bronze.state import sql_str
+from ingest.bronze.writer import BronzeWriter
+from ingest.capture.retry import transient_libpq_message, transient_sqlstate
+from ingest.config import PostgresSource
+from ingest.errors import SourceError, SourceUnavailableError
+from ingest.events import lsn_to_int
+from ingest.positions import SourcePositions
+from ingest.sources.postgres.admin import PostgresAdmin
+from ingest.sources.postgres.catalog import captured_shape, table_shape
+from ingest.sources.postgres.replication import safe_dsn, session_conninfo
+from ingest.sources.postgres.rows import encode_key, encode_record, json_keys
+from ingest.sources.postgres.values import TYPE_CATALOG_SQL, Encoder, TypeCatalog
+from ingest.verify import Progress, Row, Rows, Silver, TableResult, changed_keys, compare, silver_path
+
+log = logging.getLogger(__name__)
+
+FETCH_ROWS = 5000
+VERIFY_MESSAGE_PREFIX = "changelake.verify"
+WAIT_POLL_S = 0.5
+
+
+def xid_visible(xid32: int, xmin: int, xmax: int, xip: frozenset[int]) -> bool:
+    """Whether pgoutput's 32-bit `xid` is visible to a snapshot given in 64-bit xids (macro pg_xid_visible)."""
+    distance = (xmax - xid32) % (1 << 32)
+    full = xmax - (distance - (1 << 32) if distance > (1 << 31) else distance)
+    return full < xmin or (full < xmax and full not in xip)
+
+
+class VerifySnapshot:
+    """Owns the verify connection: one REPEATABLE READ READ ONLY transaction and its cursors."""
+
+    def __init__(self, src: PostgresSource) -> None:
+        """Connect with the stream's value output settings (values byte for byte as ingest's)."""
+        self.src = src
+        conn = pq.PGconn.connect(session_conninfo(src.dsn).encode())
+        if conn.status != pq.ConnStatus.OK:
+            msg = conn.get_error_message().strip()
+            conn.finish()
+            error = SourceUnavailableError if transient_libpq_message(msg) else SourceError
+            raise error(f"source {src.name!r}: verify connection to {safe_dsn(src.dsn)} failed: {msg}")
+        self.conn = conn
+        self.before = self.insert_lsn = self.xmin = self.xmax = 0
+        self.xip: frozenset[int] = frozenset()
+        self._cursors = 0
+
+    def close(self) -> None:
+        """End the transaction and close the connection."""
+        self.conn.finish()
+
+    def _exec(self, query: bytes) -> pq.abc.PGresult:
+        res = self.conn.exec_(query)
+        if res.status not in (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK):
+            raw = res.error_message or self.conn.get_error_message()
+            msg = (raw.decode(errors="replace") if isinstance(raw, bytes) else raw).strip()
+            code = res.error_field(pq.DiagnosticField.SQLSTATE)
+            lost = self.conn.status != pq.ConnStatus.OK
+            transient = lost or transient_sqlstate(code.decode() if code else None) or transient_libpq_message(msg)
+            error = SourceUnavailableError if transient else SourceError
+            raise error(f"source {self.src.name!r}: verify query failed: {msg}")
+        return res
+
+    def begin(self) -> None:
+        """Start the transaction and take its snapshot: xmin, xmax, xip and the insert position after it."""
+        self.before = lsn_to_int(
+            (self._exec(b"select pg_current_wal_insert_lsn()::text").get_value(0, 0) or b"").decode()
+        )
+        self._exec(b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        snap = self._exec(
+            b"select pg_current_wal_insert_lsn()::text, pg_snapshot_xmin(s)::text, pg_snapshot_xmax(s)::text, "
+            b"array_to_string(array(select pg_snapshot_xip(s)), ',') from pg_current_snapshot() s"
+        )
+        self.insert_lsn = lsn_to_int((snap.get_value(0, 0) or b"").decode())
+        self.xmin, self.xmax = int(snap.get_value(0, 1) or b"0"), int(snap.get_value(0, 2) or b"0")
+        self.xip = frozenset(int(x) for x in (snap.get_value(0, 3) or b"").decode().split(",") if x)
+
+    def count(self, scan: sql.Composable) -> int:
+        """The table's rows in the snapshot (sizes the checksum ranges)."""
+        res = self._exec(sql.SQL("select count(*) from {}").format(scan).as_string(None).encode())
+        return int(res.get_value(0, 0) or b"0")
+
+    def rows(
+        self,
+        table: str,
+        columns: Sequence[str],
+        key_positions: Sequence[int],
+        scan: sql.Composable,
+        encoders: Sequence[Encoder],
+    ) -> Rows:
+        """A pass over the table in the snapshot (a cursor, FETCH_ROWS at a time), rows as (record_pk, record)."""
+        cols = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
+        select = sql.SQL("select {} from {}").format(cols, scan).as_string(None).encode()
+        keys_json = json_keys(columns)
+        width = range(len(columns))
+
+        def scan_rows() -> Iterator[list[Row]]:
+            self._cursors += 1
+            name = f"changelake_verify_{self._cursors}".encode()
+            self._exec(b"declare " + name + b" no scroll cursor for " + select)
+            fetch = b"fetch forward " + str(FETCH_ROWS).encode() + b" from " + name
+            while True:
+                res = self._exec(fetch)
+                if res.ntuples == 0:
+                    break
+                batch = []
+                for r in range(res.ntuples):
+                    values = [None if (v := res.get_value(r, c)) is None else bytes(v) for c in width]
+                    record, _ = encode_record(table, keys_json, encoders, columns, values)
+                    batch.append((encode_key(table, keys_json, encoders, key_positions, values), record))
+                yield batch
+            self._exec(b"close " + name)
+
+        return scan_rows
+
+
+def invisible_commits(writer: BronzeWriter, source: str, snap: VerifySnapshot) -> list[int]:
+    """Commit positions at or below the snapshot's insert position of transactions it does not see.
+
+    Such a transaction was in progress when the snapshot was taken: its xid is in xip (it may have
+    written its commit record before, even long before if it waited for a synchronous standby) or
+    at/after xmax (it began after the snapshot, so committed after `snap.before`).
+    """
+    xip32 = ", ".join(str(x % (1 << 32)) for x in sorted(snap.xip))
+    candidates = f"commit_lsn > {snap.before}" + (f" or xid in ({xip32})" if xip32 else "")
+    rows = writer.tables.query(
+        f"select distinct commit_lsn, xid from t where source = {sql_str(source)} and action != 'message' "
+        f"and commit_lsn <= {snap.insert_lsn} and ({candidates})",
+        t=writer.path(WAL_EVENTS_TABLE),
+    ).to_pylist()
+    return sorted(int(r["commit_lsn"]) for r in rows if not xid_visible(int(r["xid"]), snap.xmin, snap.xmax, snap.xip))
+
+
+def _wait_for_bronze(writer: BronzeWriter, source: str, position: int, wait_s: float) -> int | None:
+    """Poll bronze's safe bound until it passes `position`; the bound last seen (None: no writer)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        bound = SourcePositions.read(writer, source).safe_bound
+        if bound is not None and bound >= position or time.monotonic() >= deadline:
+            return bound
+        time.sleep(WAIT_POLL_S)
+
+
+def verify_tables(
+    src: PostgresSource,
+    writer: BronzeWriter,
+    tables: Sequence[str],
+    wait_s: float,
+    range_rows: int,
+    max_keys: int,
+    show_progress: bool,
+    run_id: str,
+) -> list[TableResult]:
+    """Compare each of `tables` with silver at one snapshot of the source; one result per table."""
+    results = [TableResult(src.name, t) for t in tables]
+    path = silver_path(writer, src.snapshot.reread_from)
+    if not writer.exists(WAL_EVENTS_TABLE):
+        return [r.not_verified("bronze does not exist yet: run `changelake-ingest run` first") for r in results]
+    if not writer.tables.exists(path):
+        return [r.not_verified(f"no silver consumer_records at {path}: run `dbt build` first") for r in results]
+    masks = src.masks()
+    admin = PostgresAdmin(src)
+    snap = VerifySnapshot(src)
+    try:
+        types = TypeCatalog.from_rows(admin.type_catalog_rows(TYPE_CATALOG_SQL))
+        snap.begin()
+        # A committed message after the snapshot: the stream's position passes it promptly even
+        # when the source is otherwise idle (an idle stream raises its position every 10 s).
+        admin.emit_message(VERIFY_MESSAGE_PREFIX, run_id)
+        bound = _wait_for_bronze(writer, src.name, snap.insert_lsn, wait_s)
+        if bound is None or bound < snap.insert_lsn:
+            at = "no writer position" if bound is None else f"its safe bound {bound}"
+            reason = (
+                f"bronze has not reached the snapshot's position {snap.insert_lsn} within {wait_s:g} s ({at}): "
+                "is `changelake-ingest run` running, or a snapshot holding the bound back?"
+            )
+            return [r.not_verified(reason) for r in results]
+        silver = Silver(path, writer.tables.storage_options)
+        silver_pos = silver.position(src.name)
+        if silver_pos is None:
+            return [
+                r.not_verified(f"silver holds no records of source {src.name} yet: run `dbt build`") for r in results
+            ]
+        invisible = invisible_commits(writer, src.name, snap)
+        position = invisible[0] - 1 if invisible else snap.insert_lsn
+        running = {s.table for s in SourcePositions.read(writer, src.name).snapshots}
+        for r in results:
+            r.position, r.silver_position = position, silver_pos
+            if r.table in running:
+                r.not_verified("a snapshot of the table is running: verify after it completes")
+                continue
+            t0 = time.monotonic()
+            changed = changed_keys(writer, src.name, r.table, silver_pos, snap.insert_lsn)
+            if changed.truncated:
+                r.not_verified("the table was truncated after silver's position: verify after the next dbt run")
+                continue
+            schema, name = r.table.split(".", 1)
+            skip = changed.keys | silver.unusable_keys(src.name, schema, name, position)
+            r.skipped_keys = len(skip)
+            mask = masks.table(r.table)
+            shape = captured_shape(table_shape(admin, r.table), mask, src.name)
+            encoders = [types.column_encoder(oid) for oid in shape.type_oids]
+            if mask is not None and mask.mask:
+                hashed = mask.encoder()
+                encoders = [hashed if c in mask.mask else e for c, e in zip(shape.columns, encoders, strict=True)]
+            source_rows = snap.rows(r.table, shape.columns, shape.key_positions, shape.scan, encoders)
+            compare(
+                r,
+                source_rows,
+                silver.rows(src.name, schema, name),
+                snap.count(shape.scan),
+                skip,
+                range_rows=range_rows,
+                max_keys=max_keys,
+                progress=Progress(f"{src.name}: {r.table}", enabled=show_progress),
+            )
+            r.seconds = time.monotonic() - t0
+            log.info("verified source=%s table=%s status=%s seconds=%.1f", src.name, r.table, r.status, r.seconds)
+        return results
+    finally:
+        snap.close()
+        admin.close()
