@@ -22,7 +22,7 @@ from ingest.bronze.schemas import (
     BronzeTable,
 )
 from ingest.errors import BronzeWriteError
-from ingest.events import WriterKind, WriterPosition
+from ingest.events import ColumnShape, RelationShape, WriterKind, WriterPosition
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,19 +61,40 @@ class BronzeState:
         """Whether `table` has been created."""
         return self.tables.exists(self.path(table))
 
-    def known_shapes(self, source: str) -> dict[tuple[str, str], str]:
-        """(table_schema, table_name) -> hash of its latest recorded shape (silver.table_columns' pick).
+    def known_shapes(self, source: str) -> dict[tuple[str, str], RelationShape]:
+        """(table_schema, table_name) -> its latest recorded shape (silver.table_columns' pick).
 
         Latest by first_seen_lsn, then ingested_at: a table whose shape went back to an older one
         (ADD then DROP COLUMN) must be recorded again, or its latest row keeps the phantom column
         (review W12), so the stream compares a new shape with this one, not with every hash seen.
         """
         t = self._query(
-            "select table_schema, table_name, shape_hash from t "
+            "select relation_id, table_schema, table_name, replica_identity, columns, first_seen_lsn from t "
             f"where source = {sql_str(source)} order by first_seen_lsn, ingested_at",
             t=SOURCE_RELATIONS_TABLE,
         )
-        return {(r["table_schema"], r["table_name"]): r["shape_hash"] for r in t.to_pylist()}
+        return {
+            (r["table_schema"], r["table_name"]): RelationShape(
+                r["relation_id"],
+                r["table_schema"],
+                r["table_name"],
+                r["replica_identity"],
+                tuple(
+                    ColumnShape(
+                        c["name"],
+                        c["type_oid"],
+                        c["type_name"],
+                        c["type_modifier"],
+                        c["is_key"],
+                        c["pk_position"],
+                        c["json_kind"],
+                    )
+                    for c in r["columns"]
+                ),
+                r["first_seen_lsn"],
+            )
+            for r in t.to_pylist()
+        }
 
     def completed_snapshots(self, source: str) -> dict[str, int]:
         """`schema.table` -> high watermark of its latest completed snapshot (its last page)."""

@@ -11,6 +11,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from ingest import faults
@@ -20,7 +21,7 @@ from ingest.capture.batcher import Resume, TransactionBatcher, boundary_position
 from ingest.capture.snapshots import SnapshotThread
 from ingest.config import BatchConfig, PostgresSource
 from ingest.errors import SlotGapError, SourceUnavailableError
-from ingest.events import Action, ChangeEvent, SourceKind, WriterKind, WriterPosition, int_to_lsn
+from ingest.events import Action, ChangeEvent, RelationShape, SourceKind, WriterKind, WriterPosition, int_to_lsn
 from ingest.positions import STREAM_WRITER_ID, SourcePositions
 from ingest.progress import Progress
 from ingest.sources.postgres.admin import DRAIN_PREFIX, HEARTBEAT_PREFIX, PostgresAdmin, prepare_source
@@ -28,6 +29,7 @@ from ingest.sources.postgres.catalog import PgCatalog
 from ingest.sources.postgres.changes import ChangeBuilder, TxnEnd
 from ingest.sources.postgres.pages import Hook
 from ingest.sources.postgres.replication import Keepalive, ReplicationStream, XLogData
+from ingest.sources.postgres.schema_changes import relation_now, resnapshot_reason
 from ingest.sources.postgres.snapshot import Snapshotter
 
 log = logging.getLogger(__name__)
@@ -160,6 +162,55 @@ class PostgresCapture:
         )
         self.snapshotter.request(list(self.src.tables), lambda: admin.slot_health().current_wal_lsn)
 
+    def _resnapshot_if_rows_changed(self, admin: PostgresAdmin, before: RelationShape, after: RelationShape) -> None:
+        """Re-snapshot a configured table whose shape change altered existing rows (W9, DESIGN §7.7).
+
+        `ADD COLUMN ... DEFAULT`, DROP, RENAME or retype of a column (schema_changes.py). The
+        snapshot's pages replace every record's value (DESIGN §5 places them); a request queued
+        behind the running one that has read nothing yet covers it. With `run --once` a request made
+        after the run's snapshots finished is performed by the next run.
+        """
+        table = f"{after.table_schema}.{after.table_name}"
+        if not self.snapshots or table not in self.src.tables:
+            return
+        reason = resnapshot_reason(admin, before, after)
+        if reason is None:
+            return
+        # tasks[0] may be reading a page with the old shape right now: only a later one covers it.
+        if any(t.table == table and t.pages == 0 and t.keys is None for t in self.snapshotter.tasks[1:]):
+            log.info("table %s changed shape (%s); its queued snapshot covers it", table, reason)
+            return
+        log.warning("table %s changed shape (%s): re-snapshotting it", table, reason)
+        self.snapshotter.request([table], lambda: admin.slot_health().current_wal_lsn)
+
+    def _record_shapes_now(
+        self, admin: PostgresAdmin, catalog: PgCatalog, known: dict[tuple[str, str], RelationShape]
+    ) -> None:
+        """At start: record each captured table's shape as the catalog has it now, if it changed (W9).
+
+        An `ADD COLUMN ... DEFAULT` (or a drop or retype) sends nothing until the table's next row
+        change, and a table nobody writes to after it would never be brought in: the change is
+        met here instead, answered like one the stream meets (a re-snapshot, requested first), and
+        the shape recorded at the server's current position, so the next start does not meet it
+        again. Older Relation messages the stream still has to send sort below it (`take_shapes`).
+        """
+        builder = ChangeBuilder(catalog, use_native=False)
+        at = admin.slot_health().current_wal_lsn
+        shapes = []
+        for table in self.src.tables:
+            schema, name = table.split(".", 1)
+            before = known.get((schema, name))
+            msg = relation_now(admin, table) if before is not None else None
+            if before is None or msg is None:
+                continue  # never streamed (the initial snapshot reads it), or gone (refused at start)
+            builder.feed(msg)
+            now = replace(builder.new_shapes.pop(), first_seen_lsn=at)
+            if now.shape_hash != before.shape_hash:
+                self._resnapshot_if_rows_changed(admin, before, now)
+                known[(schema, name)] = now
+                shapes.append(now)
+        self.writer.append_relations(self.src.name, shapes)
+
     def run(self, once: bool, should_stop: Callable[[], bool]) -> None:
         """Capture until `should_stop()` (or, with `once`, until the source's current position)."""
         admin = prepare_source(self.src)
@@ -190,6 +241,7 @@ class PostgresCapture:
                 self.ack_lsn,
                 self.progress,
             )
+            catalog = PgCatalog(admin)
             stream = ReplicationStream(self.src.dsn, self.src.slot_name, self.src.publication_name)
             snapshots: SnapshotThread | None = None
             try:
@@ -199,6 +251,7 @@ class PostgresCapture:
                     self.snapshotter.load()
                     if self.src.snapshot.initial:
                         self.snapshotter.request_initial(lambda: admin.slot_health().current_wal_lsn)
+                    self._record_shapes_now(admin, catalog, known)
                     snapshotter = self.snapshotter
                     snapshots = SnapshotThread(
                         self.src.name, lambda stop: snapshotter.run(stop, poll_requests=not once), should_stop
@@ -207,7 +260,7 @@ class PostgresCapture:
                     admin,
                     stream,
                     committer,
-                    ChangeBuilder(PgCatalog(admin)),
+                    ChangeBuilder(catalog),
                     known,
                     resume,
                     once,
@@ -229,7 +282,7 @@ class PostgresCapture:
         stream: ReplicationStream,
         committer: Committer,
         builder: ChangeBuilder,
-        last_shapes: dict[tuple[str, str], str],
+        last_shapes: dict[tuple[str, str], RelationShape],
         resume: Resume,
         once: bool,
         should_stop: Callable[[], bool],
@@ -262,11 +315,19 @@ class PostgresCapture:
 
         def take_shapes() -> None:
             # Recorded whenever a table's shape differs from its last recorded one (W12: a shape
-            # that returns to an earlier hash is the latest again).
+            # that returns to an earlier hash is the latest again). A change that alters existing
+            # rows without WAL requests a re-snapshot first, so the request is durable before the
+            # shape: a crash in between meets the change again on replay.
             for sh in builder.new_shapes:
                 table = (sh.table_schema, sh.table_name)
-                if last_shapes.get(table) != sh.shape_hash:
-                    last_shapes[table] = sh.shape_hash
+                before = last_shapes.get(table)
+                if before is not None and sh.first_seen_lsn < before.first_seen_lsn:
+                    # Older than the shape the start recorded from the catalog: history, not a change.
+                    batcher.shapes.append(sh)
+                elif before is None or before.shape_hash != sh.shape_hash:
+                    if before is not None:
+                        self._resnapshot_if_rows_changed(admin, before, sh)
+                    last_shapes[table] = sh
                     batcher.shapes.append(sh)
             builder.new_shapes.clear()
 

@@ -1,0 +1,90 @@
+"""Which shape changes of a captured table change rows that no WAL row change will bring in.
+
+`ADD COLUMN ... DEFAULT` gives every existing row the value without a row change (a constant
+default is stored once in pg_attribute, `atthasmissing`; a volatile one rewrites the table, which
+logical decoding does not send). DROP COLUMN, RENAME COLUMN and ALTER COLUMN TYPE leave silver's
+existing records with values the source rows no longer have. Each is answered with a re-snapshot
+of the table (DESIGN §7.1 and §7.7), requested when the stream meets the new shape (a Relation
+message) or, for a change no row change followed, when a run starts and finds the catalog's shape
+other than the last one recorded.
+"""
+
+from __future__ import annotations
+
+from psycopg import sql
+
+from ingest.events import RelationShape
+from ingest.sources.postgres.admin import PostgresAdmin
+from ingest.sources.postgres.pgoutput import RELATION_COLUMN_KEY_FLAG, Relation, RelationColumn
+
+
+def resnapshot_reason(admin: PostgresAdmin, before: RelationShape, after: RelationShape) -> str | None:
+    """Why existing rows of the table differ from what silver holds after `before` -> `after`, or None.
+
+    A new column counts only if it has a default or a stored missing value now (a column added
+    without one is NULL in every existing row, which is what silver's records say by its absence).
+    A column the catalog no longer has (dropped again since) is not asked about.
+    """
+    old = {c.name: (c.type_oid, c.type_modifier) for c in before.columns}
+    new = {c.name: (c.type_oid, c.type_modifier) for c in after.columns}
+    reasons = []
+    dropped = [n for n in old if n not in new]
+    if dropped:
+        reasons.append(f"column {', '.join(dropped)} dropped or renamed")
+    retyped = [n for n, t in new.items() if n in old and old[n] != t]
+    if retyped:
+        reasons.append(f"column {', '.join(retyped)} changed type")
+    added = [n for n in new if n not in old]
+    if added:
+        with admin.conn.cursor() as cur:
+            cur.execute(
+                "select attname from pg_attribute where attrelid = %s and attname = any(%s) "
+                "and not attisdropped and (atthasmissing or atthasdef) order by attnum",
+                (after.relation_id, added),
+            )
+            defaulted = [str(r[0]) for r in cur.fetchall()]
+        if defaulted:
+            reasons.append(f"column {', '.join(defaulted)} added with a default (existing rows have its value)")
+    return "; ".join(reasons) or None
+
+
+def relation_now(admin: PostgresAdmin, table: str) -> Relation | None:
+    """The Relation message the stream would get for `table` now (None if the table is gone).
+
+    Columns as pgoutput sends them (not dropped, not generated, by attnum), flagged as its key
+    flags are: the replica identity's index columns, every column under FULL. Fed to a
+    ChangeBuilder it gives the shape a change of the table would record now, exclusions and masks
+    applied as the stream applies them.
+    """
+    schema, name = table.split(".", 1)
+    with admin.conn.cursor() as cur:
+        cur.execute(
+            "select c.oid::bigint, c.relreplident::text from pg_class c where c.oid = to_regclass(%s)",
+            (sql.Identifier(schema, name).as_string(admin.conn),),
+        )
+        row = cur.fetchone()
+        if row is None:
+            return None
+        relation_id, identity = int(str(row[0])), str(row[1])
+        cur.execute(
+            "select attname, atttypid::bigint, atttypmod from pg_attribute where attrelid = %s and attnum > 0 "
+            "and not attisdropped and attgenerated = '' order by attnum",
+            (relation_id,),
+        )
+        cols = cur.fetchall()
+    key = set(admin.record_key(relation_id))
+    return Relation(
+        relation_id,
+        schema,
+        name,
+        identity,
+        tuple(
+            RelationColumn(
+                RELATION_COLUMN_KEY_FLAG if identity == "f" or str(c[0]) in key else 0,
+                str(c[0]),
+                int(str(c[1])),
+                int(str(c[2])),
+            )
+            for c in cols
+        ),
+    )
