@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ingest.errors import SourceUnavailableError
+from ingest.errors import SourceError, SourceUnavailableError
 from tests.helpers.delta_rows import read
 from tests.helpers.pg import bronze_events, capture_once, prepare
 
@@ -206,3 +206,32 @@ def test_schema_changes_met_in_the_stream_resnapshot_the_table(warehouse: Path, 
     assert done[-1] == [
         {"id": i, "v": "w2" if i == 4 else f"v{i}", "n": str(i), "plain": None, "c": 7} for i in range(1, 5)
     ]
+
+
+def test_a_dropped_table_is_tombstoned_after_its_last_change(warehouse: Path, make_source: Any) -> None:
+    """W12: DROP (or RENAME) TABLE writes no change, so silver kept the table's records live forever.
+
+    The start that finds a configured table gone refuses by name and leaves a message in the WAL
+    after its last change; the stream writes it as a truncate of the table, whatever is configured.
+    """
+    s = make_source(
+        "create table items (id int primary key); create table gone (id int primary key)", ["items", "gone"]
+    )
+    src = s.config()
+    prepare(src)
+    s.execute("insert into gone values (1), (2)")
+    capture_once(warehouse, src)
+    s.execute("insert into gone values (3)")
+    s.execute("drop table gone")
+    with pytest.raises(SourceError, match=rf"configured table {s.schema}\.gone does not exist \(dropped or renamed"):
+        capture_once(warehouse, src)
+    s.tables = [f"{s.schema}.items"]
+    capture_once(warehouse, s.config())
+    events = bronze_events(warehouse, s.name)
+    assert [(e.table_name, e.action, e.truncated_tables) for e in events] == [
+        ("gone", "insert", None),
+        ("gone", "insert", None),
+        ("gone", "insert", None),
+        ("gone", "truncate", [f"{s.schema}.gone"]),
+    ]
+    assert events[-1].message_prefix == "changelake.tableGone"

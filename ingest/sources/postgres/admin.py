@@ -12,6 +12,7 @@ from ingest.capture.retry import is_transient
 from ingest.config import PostgresSource
 from ingest.errors import SlotInvalidatedError, SourceError, SourceUnavailableError
 from ingest.events import lsn_to_int
+from ingest.sources.postgres.changes import TABLE_GONE_PREFIX
 from ingest.sources.postgres.published import supports_column_lists, sync_column_lists, table_spec, wanted_column_list
 from ingest.sources.postgres.replication import safe_dsn, session_conninfo
 
@@ -162,7 +163,12 @@ class PostgresAdmin:
                 (schema, table),
             )
             if row is None:
-                raise SourceError(f"source {self.src.name!r}: configured table {qualified} does not exist")
+                self._tombstone_gone(qualified)
+                raise SourceError(
+                    f"source {self.src.name!r}: configured table {qualified} does not exist (dropped or renamed?). "
+                    "If it was captured, the stream tombstones its records in silver once it reaches this point "
+                    "of the WAL. Remove it from `tables`, or list it under its new name (snapshotted then)."
+                )
             replident, has_pk = row
             self._check_identity(qualified, str(replident), bool(has_pk))
             mask = masks.table(qualified)
@@ -174,6 +180,19 @@ class PostgresAdmin:
                 if not key:
                     key = [str(r[0]) for r in self._all_columns(schema, table)]
                 mask.check_key(qualified, key, self.src.name)
+
+    def _tombstone_gone(self, qualified: str) -> None:
+        """Have the stream truncate `qualified`'s records at this point of the WAL (review W12).
+
+        A DROP or RENAME TABLE writes no change the stream could turn into deletes, and silver kept
+        the records live under the old name. A message now follows every change of the table in
+        WAL order, so its truncate ends them all; the stream writes it whatever the configured
+        tables are then. Only when the slot exists (else nothing would decode it, and nothing of
+        the table was captured through it); one per refused start, which is harmless: a truncate
+        leaves deleted records as they were.
+        """
+        if self._one("select 1 from pg_replication_slots where slot_name = %s", (self.src.slot_name,)) is not None:
+            self.emit_message(TABLE_GONE_PREFIX, qualified)
 
     def _all_columns(self, schema: str, table: str) -> list[tuple[object, ...]]:
         with self.conn.cursor() as cur:

@@ -37,6 +37,9 @@ from ingest.sources.postgres.rows import encode_key, encode_record, json_keys, w
 log = logging.getLogger(__name__)
 
 _U32: Final = struct.Struct("!I")
+# A transactional logical message with this prefix names a `schema.table` that no longer exists
+# (admin.check_tables writes it): the builder turns it into a truncate of that table (review W12).
+TABLE_GONE_PREFIX: Final = "changelake.tableGone"
 # pg_class.relreplident, as a Relation message carries it
 REPLICA_IDENTITY_DEFAULT: Final = "d"
 REPLICA_IDENTITY_INDEX: Final = "i"
@@ -386,6 +389,19 @@ class ChangeBuilder:
                         message_prefix=msg.prefix,
                         message_content=content,
                         message_transactional=False,
+                    )
+                if msg.prefix == TABLE_GONE_PREFIX:
+                    # A table that no longer exists (admin.check_tables): a truncate of its records,
+                    # after every change of it in WAL order. One event, as the message would be.
+                    schema, _, name = content.partition(".")
+                    return self._event(
+                        Action.TRUNCATE,
+                        table_schema=schema,
+                        table_name=name,
+                        truncated_tables=(content,),
+                        message_prefix=msg.prefix,
+                        message_content=content,
+                        message_transactional=True,
                     )
                 return self._event(
                     Action.MESSAGE, message_prefix=msg.prefix, message_content=content, message_transactional=True
