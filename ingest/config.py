@@ -165,6 +165,11 @@ class PostgresSource(_MaskedSource):
     invalidated, dropped and recreated, or advanced by someone else: the changes in between are
     gone), `fail` (an error saying how to recover) or `resnapshot` (a new slot if the old one is
     invalidated, every table tombstoned at the slot's position, then snapshotted afresh).
+
+    `non_utf8`: a text value that is not UTF-8 (a SQL_ASCII database stores any bytes) is an
+    `error` naming the table and column (the default: nothing lands altered), `replace`d (each
+    invalid byte becomes U+FFFD) or read as `latin1` (every byte a character: lossless for data
+    written in Latin-1). Values that are UTF-8 are never touched.
     """
 
     kind: Literal["postgres"]
@@ -178,6 +183,7 @@ class PostgresSource(_MaskedSource):
     heartbeat_seconds: Annotated[float, Field(gt=0)] = 30.0
     snapshot: SnapshotSettings = Field(default_factory=SnapshotSettings)
     on_history_lost: Literal["fail", "resnapshot"] = "fail"
+    non_utf8: Literal["error", "replace", "latin1"] = "error"
 
     @field_validator("name")
     @classmethod

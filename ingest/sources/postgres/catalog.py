@@ -10,7 +10,7 @@ from ingest.errors import SourceError
 from ingest.masking import TableMask
 from ingest.sources.postgres.admin import PostgresAdmin
 from ingest.sources.postgres.published import check_published
-from ingest.sources.postgres.values import TYPE_CATALOG_SQL, Encoder, TypeCatalog
+from ingest.sources.postgres.values import TYPE_CATALOG_SQL, Encoder, TypeCatalog, non_utf8_tolerant
 
 
 class PgCatalog:
@@ -46,7 +46,7 @@ class PgCatalog:
     def encoder(self, type_oid: int) -> Encoder:
         """Encoder of the type's text output to JSON."""
         self._known(type_oid)
-        return self.types.column_encoder(type_oid)
+        return non_utf8_tolerant(self.types.column_encoder(type_oid), self.admin.src.non_utf8)
 
     def json_kind(self, type_oid: int) -> str:
         """The JSON mapping name of the type."""

@@ -19,7 +19,7 @@ from ingest.config import PostgresSource
 from ingest.errors import SourceError, SourceUnavailableError
 from ingest.events import SnapshotRow, lsn_to_int
 from ingest.sources.postgres.catalog import TableShape
-from ingest.sources.postgres.replication import safe_dsn, session_conninfo
+from ingest.sources.postgres.replication import pin_value_encoding, safe_dsn, session_conninfo
 from ingest.sources.postgres.rows import encode_key, encode_record, json_keys
 from ingest.sources.postgres.values import Encoder
 
@@ -59,6 +59,7 @@ class PageReader:
             conn.finish()
             error = SourceUnavailableError if transient_libpq_message(msg) else SourceError
             raise error(f"source {src.name!r}: snapshot connection to {safe_dsn(src.dsn)} failed: {msg}")
+        pin_value_encoding(conn, f"source {src.name!r}: snapshot connection")
         self.conn = conn
 
     def close(self) -> None:

@@ -29,8 +29,14 @@ _unpack_xlogdata = XLOGDATA_HEADER.unpack_from
 KEEPALIVE = struct.Struct("!QQB")  # wal_end, send_time, reply_requested
 STANDBY_STATUS = struct.Struct("!cQQQQB")  # 'r', written, flushed, applied, client_time, reply
 
-# Output functions in the walsender run with these settings, so `record` values are deterministic.
-SESSION_OPTIONS = "-c DateStyle=ISO -c TimeZone=UTC -c IntervalStyle=iso_8601 -c extra_float_digits=3"
+# Output functions in the walsender run with these settings, so `record` values are deterministic
+# whatever the database's or role's defaults: dates, times, intervals, floats, bytea and money print
+# one way, and text arrives as UTF-8, converted by the server from the database's encoding (review
+# C6). A SQL_ASCII database is the exception (`pin_value_encoding`).
+SESSION_OPTIONS = (
+    "-c DateStyle=ISO -c TimeZone=UTC -c IntervalStyle=iso_8601 -c extra_float_digits=3 "
+    "-c client_encoding=UTF8 -c bytea_output=hex -c lc_monetary=C"
+)
 
 
 class XLogData(NamedTuple):
@@ -69,6 +75,24 @@ def session_conninfo(dsn: str, **extra: str) -> str:
     return make_conninfo(dsn, options=opts, **extra)
 
 
+def pin_value_encoding(conn: pq.abc.PGconn, who: str) -> None:
+    """On a SQL_ASCII database, have row values sent as the bytes they are (review C6).
+
+    SESSION_OPTIONS asks for UTF-8, which the server converts any other encoding to. A SQL_ASCII
+    database stores bytes in no encoding, and the server, asked for UTF-8, checks them instead:
+    one non-UTF-8 byte ended the stream with `invalid byte sequence` at the same change on every
+    start. Sent as they are, such values meet the source's `non_utf8` policy (values.py).
+    For the connections that read row values (the stream, snapshot pages); not for psycopg's.
+    `who` names the connection in an error.
+    """
+    if conn.parameter_status(b"server_encoding") != b"SQL_ASCII":
+        return
+    res = conn.exec_(b"SET client_encoding = 'SQL_ASCII'")
+    if res.status != pq.ExecStatus.COMMAND_OK:
+        msg = (res.error_message or b"").decode(errors="replace").strip()
+        raise SourceError(f"{who}: cannot set client_encoding on a SQL_ASCII database: {msg}")
+
+
 class ReplicationStream:
     """Owns one replication connection streaming a logical slot.
 
@@ -97,6 +121,7 @@ class ReplicationStream:
             conn.finish()
             error = SourceUnavailableError if transient_libpq_message(msg) else SourceError
             raise error(f"cannot open a replication connection to {safe_dsn(self.dsn)}: {msg}")
+        pin_value_encoding(conn, f"replication connection of slot {self.slot!r}")
         lsn = f"{self.start_lsn >> 32:X}/{self.start_lsn & 0xFFFFFFFF:X}"
         pub = self.publication.replace("'", "''")
         cmd = (

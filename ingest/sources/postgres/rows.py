@@ -63,9 +63,20 @@ def encode_record(
                 toast.append(names[i])
             else:
                 parts.append(keys_json[i] + encoders[i](v))
-    except (ValueMappingError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
+        raise non_utf8_error(table, f"column {keys_json[i][:-1]}", exc) from exc
+    except ValueMappingError as exc:
         raise ValueMappingError(f"table {table}, column {keys_json[i][:-1]}: {exc}") from exc
     return "{" + ",".join(parts) + "}", (tuple(toast) if toast else None)
+
+
+def non_utf8_error(table: str, column: str, exc: UnicodeDecodeError) -> ValueMappingError:
+    """The error of a value that is not UTF-8 under the default `non_utf8: error` (review C6)."""
+    return ValueMappingError(
+        f"table {table}, {column}: the value is not UTF-8 ({exc}); the database stores bytes in no "
+        "encoding (SQL_ASCII). Set the source's `non_utf8` to `replace` or `latin1` to take such values "
+        "(docs/postgres.md, Encodings), or fix the row at the source"
+    )
 
 
 def encode_key(
@@ -117,6 +128,8 @@ def encode_key(
         else:
             try:
                 parts.append(keys_json[i] + encoders[i](v))
-            except (ValueMappingError, UnicodeDecodeError) as exc:
+            except UnicodeDecodeError as exc:
+                raise non_utf8_error(table, f"key column {keys_json[i][:-1]}", exc) from exc
+            except ValueMappingError as exc:
                 raise ValueMappingError(f"table {table}, key column {keys_json[i][:-1]}: {exc}") from exc
     return "{" + ",".join(parts) + "}"

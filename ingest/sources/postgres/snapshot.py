@@ -36,14 +36,13 @@ from ingest.sources.postgres.admin import PostgresAdmin
 from ingest.sources.postgres.catalog import captured_shape, estimate_rows, table_shape
 from ingest.sources.postgres.pages import Hook, PageReader
 from ingest.sources.postgres.rereads import RereadKeys
-from ingest.sources.postgres.values import TYPE_CATALOG_SQL, TypeCatalog
+from ingest.sources.postgres.values import TYPE_CATALOG_SQL, TypeCatalog, non_utf8_tolerant
 
 log = logging.getLogger(__name__)
 
 REQUEST_POLL_S = 5.0
 REREAD_POLL_S = 60.0  # how often a continuous run looks in silver for keys to re-read
 POSITION_INTERVAL_S = 2.0  # a running snapshot raises its writer row at most this often (and at its end)
-
 
 
 @dataclass(slots=True)
@@ -233,7 +232,7 @@ class Snapshotter:
     ) -> bool:
         mask = self.masks.table(task.table)
         shape = captured_shape(table_shape(admin, task.table), mask, self.src.name)
-        encoders = [types.column_encoder(oid) for oid in shape.type_oids]
+        encoders = [non_utf8_tolerant(types.column_encoder(oid), self.src.non_utf8) for oid in shape.type_oids]
         if mask is not None and mask.mask:
             hashed = mask.encoder()
             encoders = [hashed if c in mask.mask else e for c, e in zip(shape.columns, encoders, strict=True)]

@@ -148,6 +148,38 @@ def _bytes_str(value: bytes) -> str:
     return json_str(value.decode("utf-8"))
 
 
+def non_utf8_tolerant(encoder: Encoder, policy: str) -> Encoder:
+    """`encoder`, taking a value that is not UTF-8 as the source's `non_utf8` policy says (C6).
+
+    `error`: the encoder as it is (its UnicodeDecodeError becomes an error naming the table and
+    column, rows.py). `replace` / `latin1`: the value is first re-encoded as UTF-8, each invalid
+    byte replaced by U+FFFD, or every byte read as a Latin-1 character; only a value that failed
+    takes that path, so UTF-8 values cost nothing more than a call.
+    """
+    if policy == "error":
+        return encoder
+    if policy == "replace":
+
+        def fix(value: bytes) -> bytes:
+            return value.decode("utf-8", errors="replace").encode("utf-8")
+
+    elif policy == "latin1":
+
+        def fix(value: bytes) -> bytes:
+            return value.decode("latin-1").encode("utf-8")
+
+    else:
+        raise ValueError(f"non_utf8 policy {policy!r} is not one of error, replace, latin1")
+
+    def tolerant(value: bytes) -> str:
+        try:
+            return encoder(value)
+        except UnicodeDecodeError:
+            return encoder(fix(value))
+
+    return tolerant
+
+
 _SCALAR_ENCODERS: Final[dict[str, tuple[Encoder, StrEncoder]]] = {
     KIND_INT: (_bytes_int, _str_int),
     KIND_FLOAT: (_bytes_float, _str_float),
