@@ -220,6 +220,8 @@ class PostgresAdmin:
         """
         name = self.src.publication_name
         row = self._one("select pubviaroot from pg_publication where pubname = %s", (name,))
+        if row is not None:
+            self._check_publication_options()
         masks = self.src.masks()
         lists = supports_column_lists(self)
         specs = {
@@ -273,6 +275,54 @@ class PostgresAdmin:
                 sql.SQL("alter publication {} set (publish_via_partition_root = true)").format(sql.Identifier(name))
             )
         sync_column_lists(self)
+
+    def _check_publication_options(self) -> None:
+        """An existing publication must send every change of the configured tables (review W11).
+
+        Publish actions: without insert, update, delete or truncate those changes never reach
+        bronze, and snapshots cannot make up for them. Ingest sets them when it manages the
+        publication (`create_publication`), else refuses. Row filters (Postgres 15+): a snapshot reads
+        every row, and an update that moves a row out of the filter arrives as a delete, so silver
+        would hold neither the source nor the filter: refused, before anything is changed.
+        (Column lists: published.py; `publish_via_partition_root`: ensure_publication.)
+        """
+        name = self.src.publication_name
+        row = self._one(
+            "select pubinsert, pubupdate, pubdelete, pubtruncate from pg_publication where pubname = %s", (name,)
+        )
+        assert row is not None
+        off = [a for a, on in zip(("insert", "update", "delete", "truncate"), row, strict=True) if not on]
+        if supports_column_lists(self):  # row filters came with column lists, in 15
+            with self.conn.cursor() as cur:
+                cur.execute(
+                    "select n.nspname || '.' || c.relname, pg_get_expr(r.prqual, r.prrelid) from pg_publication p "
+                    "join pg_publication_rel r on r.prpubid = p.oid join pg_class c on c.oid = r.prrelid "
+                    "join pg_namespace n on n.oid = c.relnamespace where p.pubname = %s and r.prqual is not null",
+                    (name,),
+                )
+                filtered = [(str(t), str(q)) for t, q in cur.fetchall() if str(t) in self.src.tables]
+            if filtered:
+                table, where = filtered[0]
+                raise SourceError(
+                    f"source {self.src.name!r}: publication {name!r} publishes {table} with a row filter "
+                    f"(WHERE {where}); snapshots read every row and a row updated out of the filter arrives as a "
+                    "delete, so silver could match neither the table nor the filter. Publish the table without one "
+                    f"(ALTER PUBLICATION {name} SET TABLE ...), or capture a view of it elsewhere"
+                )
+        if not off:
+            return
+        if not self.src.create_publication:
+            raise SourceError(
+                f"source {self.src.name!r}: publication {name!r} does not publish {', '.join(off)}, so those changes "
+                f"would never reach bronze; run ALTER PUBLICATION {name} SET (publish = 'insert, update, delete, "
+                "truncate')"
+            )
+        log.warning("publication %s did not publish %s: setting every action", name, ", ".join(off))
+        self.conn.execute(
+            sql.SQL("alter publication {} set (publish = 'insert, update, delete, truncate')").format(
+                sql.Identifier(name)
+            )
+        )
 
     def partitioned_tables(self) -> list[str]:
         """The configured tables that are partitioned (captured as their root)."""
