@@ -28,7 +28,9 @@
         group by source
     {%- endset -%}
     {%- set bounds = {'stored_positions_query': stored_positions_query, 'stored_rows': none} -%}
-    {%- set stored_rows = query_rows_at_execution(stored_positions_query) if is_incremental() else none -%}
+    {#- A model skipped because nothing is new runs no lookup either (changelake_skip_reason). -#}
+    {%- set stored_rows = query_rows_at_execution(stored_positions_query)
+        if is_incremental() and changelake_skip_reason() is none else none -%}
     {%- if stored_rows is none -%}
         {{ return(bounds) }}
     {%- endif -%}

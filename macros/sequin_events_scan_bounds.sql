@@ -19,10 +19,12 @@
         group by source
     {%- endset -%}
     {%- set bounds = {'loaded_positions_query': loaded_positions_query, 'loaded_rows': none, 'wal_events_filter': none} -%}
-    {%- if is_incremental() -%}
+    {#- A model skipped because nothing is new runs no lookup either (changelake_skip_reason). -#}
+    {%- if is_incremental() and changelake_skip_reason() is none -%}
         {%- set loaded_rows = query_rows_at_execution(loaded_positions_query) -%}
         {%- if loaded_rows is not none -%}
-            {%- set safe_bound_rows = query_rows_at_execution('select source, safe_lsn from ' ~ ref('safe_bounds')) -%}
+            {#- The bounds safe_bounds is built from this run (changelake_run_state), not a read of it. -#}
+            {%- set safe_bound_rows = changelake_run_state().current_rows -%}
             {%- set scan_ranges = source_ranges(safe_bound_rows, 'safe_lsn', loaded_rows, 'max_commit_lsn') -%}
             {%- do bounds.update({
                 'loaded_rows': loaded_rows,

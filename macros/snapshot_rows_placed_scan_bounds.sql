@@ -24,10 +24,12 @@
         'new_pages_filter': none,
         'page_events_filter': none,
     } -%}
-    {%- if is_incremental() -%}
+    {#- A model skipped because nothing is new runs no lookup either (changelake_skip_reason). -#}
+    {%- if is_incremental() and changelake_skip_reason() is none -%}
         {%- set placed_rows = query_rows_at_execution(placed_positions_query) -%}
         {%- if placed_rows is not none -%}
-            {%- set safe_bound_rows = query_rows_at_execution('select source, safe_lsn from ' ~ ref('safe_bounds')) -%}
+            {#- The bounds safe_bounds is built from this run (changelake_run_state), not a read of it. -#}
+            {%- set safe_bound_rows = changelake_run_state().current_rows -%}
             {%- set page_ranges = source_ranges(safe_bound_rows, 'safe_lsn', placed_rows, 'max_commit_lsn') -%}
             {%- set new_pages_filter = source_ranges_predicate('snapshot_pages', 'high_watermark_lsn', page_ranges) -%}
             {%- set page_bounds_query -%}

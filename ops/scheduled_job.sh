@@ -7,6 +7,13 @@
 #   1   an internal error (report it)
 # Environment: CHANGELAKE_CONFIG (ingest's YAML), CHANGELAKE_WAREHOUSE (the same warehouse for dbt),
 # DBT_PROFILES_DIR and DBT_TARGET as dbt reads them. Run from the project directory.
+# A round whose ingest committed nothing silver would load since the last successful dbt build of
+# the same project and target (only logical messages - the drain marker, heartbeats - and raised
+# positions; ingest/ops/bronze_news.py reads the Delta logs, no JVM) skips dbt and says so; the
+# state is in <warehouse>/_scheduled_job (a local warehouse only; on an object store dbt always
+# runs and finds out itself, in seconds, that nothing is new). CHANGELAKE_DBT_ALWAYS=1 runs dbt
+# anyway; CHANGELAKE_DBT_ARGS replaces `build --exclude-resource-type unit_test` (unit tests are
+# for CI, data tests check this round's rows: docs/dbt.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PATH="$PWD/.venv/bin:$PATH"
@@ -24,5 +31,24 @@ if [ ! -d "$warehouse/bronze/wal_events/_delta_log" ]; then
   echo "scheduled_job: no bronze yet at $warehouse (ingest has never reached a source): nothing to build" >&2
   exit "$ingest_rc"
 fi
-dbt build --target "${DBT_TARGET:-local}" || exit $?
+# Skip dbt when ingest committed nothing silver would load since the last successful build: only
+# logical messages (the drain marker of `run --once`, heartbeats) and raised positions.
+state_dir="$warehouse/_scheduled_job"
+project="$(cat dbt_project.yml profiles.yml $(find models macros tests/dbt -type f | sort) | sha256sum) ${DBT_TARGET:-local} ${CHANGELAKE_DBT_ARGS:-}"
+versions="$(python -m ingest.ops.bronze_news versions "$warehouse/bronze")" || exit 1
+if [ "${CHANGELAKE_DBT_ALWAYS:-0}" != 1 ] && [ -f "$state_dir/built_project" ] \
+  && [ "$(cat "$state_dir/built_project")" = "$project" ]; then
+  news_rc=0
+  why="$(python -m ingest.ops.bronze_news news "$warehouse/bronze" "$state_dir/built_from")" || news_rc=$?
+  case "$news_rc" in
+    3) echo "scheduled_job: ingest committed nothing new for silver since the last dbt build; dbt skipped" >&2
+       exit "$ingest_rc" ;;
+    0) echo "scheduled_job: $why; running dbt" >&2 ;;
+    *) exit 1 ;;
+  esac
+fi
+# shellcheck disable=SC2086  # CHANGELAKE_DBT_ARGS is a list of arguments
+dbt ${CHANGELAKE_DBT_ARGS:-build --exclude-resource-type unit_test} --target "${DBT_TARGET:-local}" || exit $?
+mkdir -p "$state_dir" && printf '%s\n' "$versions" > "$state_dir/built_from" \
+  && printf '%s\n' "$project" > "$state_dir/built_project"
 exit "$ingest_rc"

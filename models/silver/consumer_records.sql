@@ -2,6 +2,7 @@
     config(
         unique_key=['source', 'table_schema', 'table_name', 'record_pk'],
         incremental_strategy='merge',
+        skip_when='nothing_new',
         merge_guard=['commit_lsn', 'commit_index'],
         merge_prune_by=['source', 'table_schema', 'table_name'],
         partition_by=['source', 'table_schema', 'table_name'],

@@ -1,42 +1,41 @@
-{{ config(materialized='table') }}
+{{ config(materialized='table', skip_when='positions_unchanged') }}
 
 -- One row per source: the position below which bronze is complete (DESIGN §4). Materialised once
 -- per run so that every model of the run reads the same bound, however far ingest moves meanwhile.
+-- When the run runs (not at parse time or in unit tests), the rows are those changelake_run_state
+-- read from the positions to decide what the run does, as literals, so the decision and the bound
+-- agree; the table is not rewritten when the positions are unchanged (skip_when).
 
-with
+{%- set run_state = changelake_run_state() %}
 
-stream_positions as (
+{% if run_state is none %}
 
-    select * from {{ source('bronze', 'stream_positions') }}
+    with
 
-),
+    stream_positions as (
 
-writer_positions as (
+        select * from {{ source('bronze', 'stream_positions') }}
 
-    -- durable_lsn is never lowered, so a writer's highest row is its current one (this also holds
-    -- if positions are ever appended rather than upserted).
-    select
-        source,
-        writer_id,
-        max(durable_lsn) as durable_lsn,
-        max(greatest(durable_lsn, coalesce(ack_lsn, durable_lsn))) as observed_lsn,
-        max(updated_at) as updated_at
-    from stream_positions
-    group by source, writer_id
+    ),
 
-),
+    final as (
 
-final as (
+        {{ safe_bounds_from_positions('stream_positions') }}
 
-    select
-        source,
-        min(durable_lsn) as safe_lsn,
-        max(observed_lsn) as max_observed_lsn,
-        count(*) as writer_count,
-        max(updated_at) as positions_updated_at
-    from writer_positions
-    group by source
+    )
 
-)
+    select * from final
 
-select * from final
+{% else %}
+
+    with
+
+    final as (
+
+        {{ safe_bounds_rows(run_state.current_rows) }}
+
+    )
+
+    select * from final
+
+{% endif %}

@@ -3,6 +3,7 @@
 {{
     config(
         incremental_strategy='append',
+        skip_when='nothing_new',
         partition_by=['source'],
     )
 }}

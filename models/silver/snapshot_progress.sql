@@ -1,4 +1,7 @@
-{{ config(materialized='table') }}
+{{ config(materialized='table', skip_when='positions_unchanged') }}
+
+-- Not rewritten when bronze.stream_positions is what the last run read (skip_when): ingest writes
+-- relation shapes and snapshot pages before it raises a position, so they are unchanged too.
 
 -- One row per table snapshot that is running (its writer is in bronze.stream_positions) or
 -- completed (its last page is in bronze.snapshot_pages): the snapshot writers' progress token

@@ -1,3 +1,6 @@
+{{ config(skip_when_unchanged='nothing_new') }}
+-- Fixed inputs: its result changes only with the code (checked by CI and the nightly full run), so a
+-- run with nothing new skips it (skip_when_unchanged; var changelake_full_tests runs it anyway).
 -- Macros event_keys and truncated_table_parts ("the keys an event touches", DESIGN §5 and §6, and
 -- a truncate's tables): on fixed events an insert, update or delete touches its key, a primary-key
 -- change touches its old key too, a truncate touches no key, and a truncated 'schema.table'

@@ -1,3 +1,7 @@
+{{ config(skip_when_unchanged=true) }}
+-- Whole tables, not this run's rows: the invariant relates rows across models and runs, so a
+-- violation can sit in rows this run did not write. A run that left every model it reads
+-- unchanged skips it (skip_when_unchanged; var changelake_full_tests runs it anyway).
 -- Invariants DESIGN §7.2 and §7.3 (no crash point loses an event): every bronze change event at
 -- or below the highest position sequin_events holds for its source is in sequin_events. An event
 -- appended to bronze below that position (a broken safe bound) would be skipped by incremental

@@ -1,3 +1,7 @@
+{{ config(skip_when_unchanged=true) }}
+-- Whole tables, not this run's rows: the invariant relates rows across models and runs, so a
+-- violation can sit in rows this run did not write. A run that left every model it reads
+-- unchanged skips it (skip_when_unchanged; var changelake_full_tests runs it anyway).
 -- Invariant DESIGN §6 (deletes are soft: deleted = true, deleted_at and the deleting event's
 -- position): deleted and deleted_at agree, and deleted_at is the commit time of the event at the
 -- record's position.

@@ -8,12 +8,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from deltalake import DeltaTable
 
 from tests.helpers.dbt_flow import SEED, TABLES, assert_event_log_matches_bronze, assert_records_match_source, workload
 from tests.helpers.pg import bronze_events, capture_once, prepare
 from tests.helpers.silver import dbt, frozen, silver, snapshot_rows
 
 pytestmark = pytest.mark.integration
+# The silver tables a run with nothing new leaves alone (issue 21).
+UNCHANGED_WHEN_IDLE = (
+    "safe_bounds", "table_columns", "snapshot_progress", "sequin_events", "snapshot_rows_placed", "consumer_records",
+    "loaded_bounds",
+)
+
+
+def silver_versions(warehouse: Path) -> dict[str, int]:
+    return {t: DeltaTable(str(warehouse / "dbt" / "silver.db" / t)).version() for t in UNCHANGED_WHEN_IDLE}
+
 
 def check_equal(warehouse: Path, s: Any) -> None:
     """Invariant 1 on the warehouse read with delta-rs (see assert_records_match_source)."""
@@ -54,14 +65,27 @@ def test_ingest_and_dbt_build_reproduce_the_source(warehouse: Path, make_source:
 
     # Invariant 5: a second build with no new bronze data changes nothing.
     before = {t: frozen(silver(warehouse, t)) for t in ("sequin_events", "consumer_records")}
-    dbt(warehouse, "run", "--select", "silver")
+    versions = silver_versions(warehouse)
+    out = dbt(warehouse, "run", "--select", "silver")
     assert {t: frozen(silver(warehouse, t)) for t in before} == before
+    # Issue 21, nothing new: no model of it ran a statement and no table of it got a Delta commit.
+    assert silver_versions(warehouse) == versions
+    assert out.count("skipped: nothing new past the loaded safe bound") == 3, out
+    assert out.count("skipped: positions unchanged") == 3 and "skipped: bounds already loaded" in out, out
+    loaded = {r.source: r.loaded_safe_lsn for r in silver(warehouse, "loaded_bounds")}
 
     # Incremental: more changes (a truncate among them) merge onto the existing silver.
     workload(s, rnd, ids, truncate_lines=True)
     capture_once(warehouse, s.config(), snapshots=True, page_rows=7)
     capture_once(warehouse, toast.config(snapshot={"initial": False}), snapshots=True)  # re-reads id 2
     dbt(warehouse, "build")
+    # The silver data tests of this build read its rows only (dbt_project.yml, where), but for the
+    # whole-table key check of consumer_records.
+    compiled = warehouse.parent / "dbt-target" / "run" / "changelake" / "models" / "silver" / "_silver__models.yml"
+    assert f"source = '{s.name}' and commit_lsn > {loaded[s.name]} and commit_lsn <= " in (
+        compiled / "not_null_sequin_events_seq.sql"
+    ).read_text()
+    assert "commit_lsn" not in next(compiled.glob("unique_combination_of_columns_consumer_records_*.sql")).read_text()
     check_equal(warehouse, s)
     check_event_log(warehouse, s)
     doc = {r.record_pk: r for r in silver(warehouse, "consumer_records") if r.source == toast.name}

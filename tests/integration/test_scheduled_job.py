@@ -5,11 +5,12 @@ from __future__ import annotations
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
-from tests.helpers.pg import ROOT
+from tests.helpers.pg import ROOT, prepare
 
 pytestmark = pytest.mark.integration
 UNITS = ROOT / "ops" / "systemd"
@@ -37,6 +38,45 @@ def test_a_configuration_error_stops_the_round_with_exit_2(tmp_path: Path) -> No
         ["bash", str(ROOT / "ops/scheduled_job.sh")], env=env, capture_output=True, text=True, timeout=300
     )
     assert r.returncode == 2, r.stderr
+
+
+def test_a_round_with_nothing_new_for_silver_skips_dbt(tmp_path: Path, make_source: Any) -> None:
+    """A `run --once` that captured nothing still commits its drain marker and a position; no dbt then."""
+    s = make_source("create table t (id int primary key, v int)", ["t"])
+    prepare(s.config())
+    cfg, wh = tmp_path / "ingest.yml", tmp_path / "wh"
+    source = {"kind": "postgres", "name": s.name, "dsn": s.dsn, "tables": s.tables}
+    cfg.write_text(yaml.safe_dump({"warehouse": str(wh), "sources": [source]}))
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "CHANGELAKE_CONFIG": str(cfg),
+        "CHANGELAKE_WAREHOUSE": str(wh),
+        # A real dbt that needs no JVM: what is tested is whether the round starts dbt at all.
+        "CHANGELAKE_DBT_ARGS": "parse",
+        "DBT_PROFILES_DIR": str(ROOT),
+        "DBT_TARGET_PATH": str(tmp_path / "dbt-target"),
+        "DBT_LOG_PATH": str(tmp_path / "dbt-logs"),
+    }
+
+    def round_() -> str:
+        r = subprocess.run(
+            ["bash", str(ROOT / "ops/scheduled_job.sh")], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert r.returncode == 0, r.stdout + r.stderr
+        return r.stderr
+
+    s.execute("insert into t values (1, 1)")
+    assert "dbt skipped" not in round_()
+    assert (tmp_path / "dbt-target" / "manifest.json").exists()
+    (tmp_path / "dbt-target" / "manifest.json").unlink()
+    skipped = round_()
+    assert "ingest committed nothing new for silver since the last dbt build; dbt skipped" in skipped
+    assert not (tmp_path / "dbt-target" / "manifest.json").exists()
+    s.execute("update t set v = 2 where id = 1")
+    assert "wal_events: new change events; running dbt" in round_()
+    assert (tmp_path / "dbt-target" / "manifest.json").exists()
+    env["CHANGELAKE_DBT_ALWAYS"] = "1"
+    assert "dbt skipped" not in round_()
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
