@@ -1,5 +1,5 @@
 -- One row per source: its safe bound, how far silver lags behind what ingest has observed, recent
--- activity and snapshot progress, as of this run.
+-- activity, snapshot progress and the latest verification of each of its tables, as of this run.
 
 with
 
@@ -18,6 +18,28 @@ sequin_events as (
 snapshot_progress as (
 
     select * from {{ ref('snapshot_progress') }}
+
+),
+
+verification_runs as (
+
+    select * from {{ ref('verification_runs') }}
+
+),
+
+verification_activity as (
+
+    -- The latest verification of each table of the source.
+    select
+        source,
+        max(finished_at) as last_verified_at,
+        count_if(status = 'equal') as tables_verified_equal,
+        count_if(status = 'mismatch') as tables_mismatched,
+        count_if(status = 'not_verified') as tables_not_verified,
+        sum(mismatches) as verification_mismatches
+    from verification_runs
+    where is_latest
+    group by source
 
 ),
 
@@ -67,12 +89,19 @@ final as (
         coalesce(snapshot_activity.snapshot_rows_read, 0) as snapshot_rows_read,
         snapshot_activity.snapshot_rows_estimated,
         coalesce(snapshot_activity.snapshots_completed, 0) as snapshots_completed,
+        verification_activity.last_verified_at,
+        coalesce(verification_activity.tables_verified_equal, 0) as tables_verified_equal,
+        coalesce(verification_activity.tables_mismatched, 0) as tables_mismatched,
+        coalesce(verification_activity.tables_not_verified, 0) as tables_not_verified,
+        coalesce(verification_activity.verification_mismatches, 0) as verification_mismatches,
         current_timestamp() as measured_at
     from safe_bounds
     left join event_activity
         on safe_bounds.source = event_activity.source
     left join snapshot_activity
         on safe_bounds.source = snapshot_activity.source
+    left join verification_activity
+        on safe_bounds.source = verification_activity.source
 
 )
 
