@@ -21,6 +21,17 @@ create table if not exists public.orders (
     status text not null,
     updated_at timestamptz not null default now()
 );
+comment on table public.customers is 'Customers of the demo shop.';
+comment on column public.customers.id is 'Customer id.';
+comment on column public.customers.name is 'Customer name.';
+comment on column public.customers.email is 'Customer email.';
+comment on column public.customers.created_at is 'When the customer was created.';
+comment on table public.orders is 'Orders of the demo shop, one row per order.';
+comment on column public.orders.id is 'Order id.';
+comment on column public.orders.customer_id is 'The ordering customer''s id.';
+comment on column public.orders.amount is 'Order amount.';
+comment on column public.orders.status is 'Order status: new, paid, shipped or delivered.';
+comment on column public.orders.updated_at is 'Last update time of the order.';
 """
 STATUSES = ("new", "paid", "shipped", "delivered")
 

@@ -73,6 +73,17 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--range-rows", type=int, default=1000, metavar="N", help="rows per checksum range (default 1000)")
     v.add_argument("--max-keys", type=int, default=100, metavar="N", help="keys listed per kind (default 100)")
     v.add_argument("--no-progress", action="store_true", help="no rows/s lines on stderr")
+    g = sub.add_parser("gold", help="dbt gold models for the captured tables (docs/dbt.md)")
+    gs = g.add_subparsers(dest="gold_command", required=True)
+    gg = gs.add_parser("generate", help="write one typed model (.sql + .yml) per table of silver table_columns")
+    gg.add_argument(
+        "--out", default="models/gold/generated", help="folder of the models (default models/gold/generated)"
+    )
+    gg.add_argument("--source", action="append", default=[], help="only this source (repeatable)")
+    gg.add_argument(
+        "--table-columns", metavar="PATH", help="silver table_columns (default <warehouse>/dbt/silver.db/table_columns)"
+    )
+    gg.add_argument("--no-comments", action="store_true", help="do not read column comments from Postgres sources")
     return p
 
 
@@ -117,6 +128,13 @@ def main(argv: list[str] | None = None) -> int:
             return int(doc["exit_code"])
         elif args.command == "verify":
             return _verify(cfg, args)
+        elif args.command == "gold":
+            from pathlib import Path
+
+            from ingest import gold
+
+            for line in gold.generate(cfg, Path(args.out), args.source, args.table_columns, not args.no_comments):
+                print(line)
         elif args.command == "status":
             for st in app.status(cfg, args.source):
                 print(f"source {st.source}")

@@ -1,27 +1,33 @@
-{% macro typed_current_state(source_name, table_schema, table_name) %}
+{% macro typed_current_state(source_name, table_schema, table_name, columns=none) %}
     {#-
         A typed current-state model body for one source table: its non-deleted consumer_records,
-        one column per column of the table's latest shape (silver table_columns), cast from the
-        JSON record to the Spark type chosen by spark_type_for_pg_type. Bookkeeping columns are
-        prefixed _cl_. The column list is read when the model runs (run_query, guarded by
-        execute); before any shape is known the model has only the bookkeeping columns and the raw
-        record. Values Postgres prints that the Spark type cannot hold ('infinity' timestamps,
-        'NaN' numerics) become null.
+        one column per source column, cast from the JSON record to its Spark type
+        (json_text_to_spark_type). Bookkeeping columns are prefixed _cl_.
+        columns: [column_name, spark_type, output_name] per column, as `changelake-ingest gold
+        generate` writes them from silver table_columns (output_name differs from column_name
+        only where two names differ by case alone, or a name is a bookkeeping one). Without it the
+        columns are read from table_columns when the model runs (run_query, guarded by execute).
+        Every name is quoted and escaped, as a string literal or a backtick identifier (review
+        S1): a column named with a quote, a backtick, a space or SQL in it is just a column.
     -#}
     {%- set shape = [] -%}
-    {%- set table_columns = ref('table_columns') -%}
-    {%- set columns_relation = load_relation(table_columns) if execute else none -%}
-    {%- if columns_relation is not none -%}
-        {%- set shape_query -%}
-            select column_name, spark_type
-            from {{ columns_relation }}
-            where
-                source = '{{ source_name }}'
-                and table_schema = '{{ table_schema }}'
-                and table_name = '{{ table_name }}'
-            order by ordinal_position
-        {%- endset -%}
-        {%- set shape = run_query(shape_query).rows -%}
+    {%- if columns is not none -%}
+        {%- set shape = columns -%}
+    {%- else -%}
+        {%- set table_columns = ref('table_columns') -%}
+        {%- set columns_relation = load_relation(table_columns) if execute else none -%}
+        {%- if columns_relation is not none -%}
+            {%- set shape_query -%}
+                select column_name, spark_type, column_name
+                from {{ columns_relation }}
+                where
+                    source = {{ sql_literal(source_name) }}
+                    and table_schema = {{ sql_literal(table_schema) }}
+                    and table_name = {{ sql_literal(table_name) }}
+                order by ordinal_position
+            {%- endset -%}
+            {%- set shape = run_query(shape_query).rows -%}
+        {%- endif -%}
     {%- endif %}
 
 with
@@ -39,9 +45,9 @@ current_rows as (
         from_json(record, 'map<string, string>') as record_values
     from consumer_records
     where
-        source = '{{ source_name }}'
-        and table_schema = '{{ table_schema }}'
-        and table_name = '{{ table_name }}'
+        source = {{ sql_literal(source_name) }}
+        and table_schema = {{ sql_literal(table_schema) }}
+        and table_name = {{ sql_literal(table_name) }}
         and not deleted
 
 ),
@@ -50,7 +56,8 @@ final as (
 
     select
         {%- for column in shape %}
-            {{ json_text_to_spark_type("record_values['" ~ column[0] ~ "']", column[1]) }} as `{{ column[0] }}`,
+            {{ json_text_to_spark_type('record_values[' ~ sql_literal(column[0]) ~ ']', column[1]) }}
+            as {{ spark_identifier(column[2]) }},
         {%- endfor %}
         {%- if not shape %}
             record as _cl_record,

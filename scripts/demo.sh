@@ -12,8 +12,12 @@ echo "demo: running a shop workload (customers, orders, status changes, cancella
 $PY -m demo.workload "$CHANGELAKE_PG_DSN"
 echo "demo: ingest run --once (drains the slot into bronze, then exits)"
 .venv/bin/changelake-ingest -c config/demo.yml run --once
-echo "demo: dbt build (silver + gold, with every data test and unit test)"
-.venv/bin/dbt build --quiet --project-dir . --profiles-dir .
+echo "demo: dbt build of silver (table_columns: the captured tables' shapes)"
+.venv/bin/dbt build --quiet --project-dir . --profiles-dir . --select silver
+echo "demo: changelake-ingest gold generate (typed gold models of the demo's tables, with the source's comments)"
+.venv/bin/changelake-ingest -c config/demo.yml gold generate --out models/demo --source shop
+echo "demo: dbt build (gold and the demo's gold, with every data test and unit test)"
+.venv/bin/dbt build --quiet --project-dir . --profiles-dir . --vars '{changelake_demo: true}'
 echo "demo: summary from gold"
 .venv/bin/dbt show --quiet --project-dir . --profiles-dir . --limit 20 --inline "
   select counts.table_name, counts.live_records, counts.deleted_records,
@@ -24,4 +28,4 @@ echo "demo: summary from gold"
     from {{ ref('consumer_records') }} group by source, table_name
   ) as counts on counts.source = health.source
   order by counts.table_name"
-echo "demo: done. Warehouse: $CHANGELAKE_WAREHOUSE (bronze/, dbt/silver.db, dbt/gold.db); try: dbt show --select public__orders"
+echo "demo: done. Warehouse: $CHANGELAKE_WAREHOUSE (bronze/, dbt/silver.db, dbt/gold.db); try: dbt show --select shop__public__orders --vars '{changelake_demo: true}'"

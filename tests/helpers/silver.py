@@ -16,7 +16,8 @@ from tests.helpers.pg import ROOT
 DBT = Path(sys.executable).with_name("dbt")
 
 
-def dbt(warehouse: Path, *args: str) -> str:
+def dbt(warehouse: Path, *args: str, project: Path = ROOT) -> str:
+    """Run dbt on `warehouse` (the project at `project`, a copy of this one for generated models)."""
     env = dict(
         os.environ,
         PWD=str(ROOT),  # profiles.yml finds dbt_log4j2.properties through it
@@ -26,7 +27,12 @@ def dbt(warehouse: Path, *args: str) -> str:
         DBT_LOG_PATH=str(warehouse.parent / "dbt-logs"),
     )
     r = subprocess.run(
-        [str(DBT), *args, "--project-dir", str(ROOT)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200
+        [str(DBT), *args, "--project-dir", str(project)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1200,
     )
     assert r.returncode == 0, f"dbt {' '.join(args)} failed:\n{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
     return r.stdout

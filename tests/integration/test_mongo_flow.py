@@ -202,7 +202,13 @@ def test_stream_to_dbt_consumer_records_equal_the_collection(
         warehouse,
         "build",
         "--vars",
-        json.dumps({"changelake_mongodb_demo_source": src.name, "changelake_mongodb_demo_database": mongo_db.name}),
+        json.dumps(
+            {
+                "changelake_demo": True,
+                "changelake_mongodb_demo_source": src.name,
+                "changelake_mongodb_demo_database": mongo_db.name,
+            }
+        ),
     )
     recs = [r for r in silver(warehouse, "consumer_records") if r.source == src.name]
     current = {r.record_pk: r.record for r in recs if not r.deleted}

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from ingest import cli
+from ingest.gold import model_name
 from tests.helpers import bronze_fixture
 from tests.helpers.delta_rows import read
-from tests.helpers.pg import bronze_events, capture_once, prepare
+from tests.helpers.pg import ROOT, bronze_events, capture_once, prepare
+from tests.helpers.silver import dbt
 
 pytestmark = pytest.mark.integration
 
@@ -170,3 +176,140 @@ def test_the_dbt_fixture_writes_what_ingest_writes(warehouse: Any, make_source: 
         (c.name, c.type_oid, c.type_name, c.type_modifier, c.is_key, c.pk_position, c.json_kind) for c in rel.columns
     ]
     assert real == [tuple(c) for c in fixture_orders]
+
+
+# Gold (typed_current_state via the generated models) of each row of ROWS, per column: the Spark type and
+# each row's value as Spark prints it (cast to string); rows not listed are null. docs/dbt.md "Gold types".
+GOLD = {
+    "c_int2": ("int", {1: "1", 4: "-32768"}),
+    "c_int4": ("int", {1: "2"}),
+    "c_int8": ("bigint", {1: "9007199254740993", 4: "-9223372036854775808"}),
+    "c_numeric": ("decimal(12,3)", {1: "12.340"}),
+    "c_numeric_free": ("string", {1: "0.00000000000000000001", 2: "NaN"}),  # unbounded: exact text
+    "c_float4": ("double", {1: "1.5", 2: "NaN"}),
+    "c_float8": ("double", {1: "2.25", 2: "-Infinity", 4: "Infinity"}),
+    "c_text": ("string", {1: 'héllo "q" \\ x'}),
+    "c_varchar": ("string", {1: "vc"}),
+    "c_char": ("string", {1: "ab "}),
+    "c_bool": ("boolean", {1: "true"}),
+    "c_date": ("date", {1: "2024-02-29"}),  # 'infinity' -> null
+    "c_time": ("string", {1: "13:14:15.5"}),
+    "c_timestamp": ("timestamp_ntz", {1: "2024-01-02 03:04:05.123456"}),  # 'infinity' -> null
+    "c_timestamptz": ("timestamp", {1: "2024-01-02 01:04:05"}),  # UTC; '-infinity' -> null
+    "c_interval": ("string", {1: "P1DT2H"}),
+    "c_uuid": ("string", {1: "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"}),
+    "c_json": ("string", {1: '{"a": [1, 2]}', 2: "null"}),  # the json value null, not SQL NULL
+    "c_jsonb": ("string", {1: '{"b": null}', 2: "null"}),
+    "c_bytea": ("string", {1: "\\x00ff10"}),
+    "c_int_array": ("string", {1: "[1,null,3]"}),  # arrays as JSON text
+    "c_text_array": ("string", {1: '["a,b","c\\"d",null,"NULL"]'}),
+    "c_int_matrix": ("string", {1: "[[1,2],[3,4]]"}),
+    "c_enum": ("string", {1: "happy"}),
+    "c_domain": ("int", {1: "7"}),
+    "c_amount": ("decimal(12,2)", {1: "1.50"}),  # a domain over numeric(12,2)
+    "c_amount_array": ("string", {1: '["2.25"]'}),
+}
+# Column names that broke or injected into gold SQL before S1 was fixed, and two that differ by case only.
+ODD_SQL = '''
+;
+create table "Odd ""table""" (
+    id int primary key, "it's" text, "back`tick" text, "two words" text, "x"") as y, (select 1) as ""z" text,
+    "'], 1 as pwned --" text, "{{ 7 * 7 }}" text, "A" int, "a" int, "_cl_seq" text
+);
+comment on table typed is 'Every type of the matrix {{ oops }}';
+comment on column typed.c_numeric is 'An exact amount';
+'''
+ODD_ROW = '''insert into "Odd ""table""" values (1, 'q''s', 'b`t', 'w w', 'sql', 'inj', 'braces', 1, 2, 'mine')'''
+ODD_GOLD = {
+    "id": "1",
+    "it's": "q's",
+    "back`tick": "b`t",
+    "two words": "w w",
+    'x") as y, (select 1) as "z': "sql",
+    "'], 1 as pwned --": "inj",
+    "{{ 7 * 7 }}": "braces",
+    "A": "1",
+    "a__2": "2",
+    "_cl_seq__2": "mine",
+}
+
+
+def _spark_str(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _gold_rows(warehouse: Path, project: Path, models: dict[str, list[str]]) -> dict[str, list[dict[str, Any]]]:
+    """Every row of each gold model: {column: [Spark type, value as a string]} (one dbt show for all)."""
+    selects = []
+    for model, columns in models.items():
+        pairs = ", ".join(
+            f"{_spark_str(c)}, array(typeof(`{c.replace('`', '``')}`), cast(`{c.replace('`', '``')}` as string))"
+            for c in columns
+        )
+        selects.append(
+            "select '" + model + "' as model, to_json(map({% raw %}" + pairs + "{% endraw %})) as row_json "
+            "from {{ ref('" + model + "') }}"
+        )
+    query = " union all ".join(selects)
+    out = dbt(
+        warehouse,
+        "show",
+        "--inline",
+        query,
+        "--limit",
+        "100",
+        "--output",
+        "json",
+        "--log-format",
+        "json",
+        project=project,
+    )
+    for line in out.splitlines():
+        data = json.loads(line).get("data", {})
+        if "preview" in data:
+            rows: dict[str, list[dict[str, Any]]] = {m: [] for m in models}
+            for r in json.loads(data["preview"]):
+                rows[r["model"]].append(json.loads(r["row_json"]))
+            return rows
+    raise AssertionError(f"no dbt show output in:\n{out[-3000:]}")
+
+
+def test_gold_is_typed_and_quoted_for_every_column(
+    warehouse: Path, make_source: Any, tmp_path: Path, capsys: Any
+) -> None:
+    """The types matrix and columns named with quotes, backticks, spaces and SQL, through ingest ->
+    silver -> `changelake-ingest gold generate` -> gold views (W8, S1; docs/dbt.md "Generated gold")."""
+    s = make_source(TYPES_SQL + ODD_SQL, ["typed", 'Odd "table"'])
+    prepare(s.config())
+    for sql in [*ROWS, ODD_ROW]:
+        s.execute(sql)
+    capture_once(warehouse, s.config())
+    project = tmp_path / "project"  # a copy of the dbt project: the generated models stay out of the tree
+    for part in ("models", "macros", "tests/dbt"):
+        shutil.copytree(ROOT / part, project / part, ignore=shutil.ignore_patterns("generated"))
+    shutil.copy(ROOT / "dbt_project.yml", project)
+    dbt(warehouse, "run", "--select", "silver", project=project)
+
+    out = project / "models" / "gold" / "generated"
+    config = tmp_path / "changelake.yml"
+    config.write_text(yaml.safe_dump({"warehouse": str(warehouse), "sources": [s.config().model_dump()]}))
+    assert cli.main(["-c", str(config), "gold", "generate", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    typed, odd = f"{s.name}__{s.schema}__typed", model_name(s.name, s.schema, 'Odd "table"')
+    assert f"{typed}: new model, 28 columns" in printed and f"{odd}: new model, 10 columns" in printed, printed
+    typed_yml = yaml.safe_load((out / f"{typed}.yml").read_text())["models"][0]
+    assert typed_yml["description"] == "Every type of the matrix ({ oops }}"  # the source's comment, made inert
+    docs = {c["name"]: c for c in typed_yml["columns"]}
+    assert docs["c_numeric"]["description"] == "An exact amount (numeric(12,3) as decimal(12,3))"
+    assert docs["id"]["data_tests"] == ["not_null", "unique"]
+    assert docs["_cl_record_pk"]["data_tests"] == ["unique", "not_null"]
+    dbt(warehouse, "build", "--select", "path:models/gold/generated", project=project)  # with the yml's tests
+
+    gold = _gold_rows(warehouse, project, {typed: ["id", *GOLD], odd: list(ODD_GOLD)})
+    got = {int(r["id"][1]): r for r in gold[typed]}
+    assert set(got) == {1, 2, 3, 4}
+    for column, (spark_type, values) in GOLD.items():
+        for rid, row in got.items():
+            assert row[column] == [spark_type, values.get(rid)], f"{column}, row {rid}"
+    (odd_row,) = gold[odd]
+    assert {c: v[1] for c, v in odd_row.items()} == ODD_GOLD

@@ -1,3 +1,6 @@
+-- A table, not a view like the generated models: tests/integration/test_mongo_flow.py reads it with delta-rs.
+{{ config(materialized='table') }}
+
 {{ mongodb_typed_current_state(
     var('changelake_mongodb_demo_source', 'shop_docs'),
     var('changelake_mongodb_demo_database', 'shop'),

@@ -1,1 +1,0 @@
-{{ typed_current_state(var('changelake_demo_source'), 'public', 'orders') }}
