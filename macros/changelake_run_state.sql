@@ -18,8 +18,9 @@
           outside the new position ranges): the incremental silver models would add nothing, so
           they start no Spark job (materializations `incremental` and `table` in
           macros/skip_when_unchanged.sql).
-        Returns none at parse time, in a dbt unit test, and with compute=false when no node of this
-        invocation computed it yet (data tests then check whole tables).
+        Returns none at parse time, in a dbt unit test, without a registered bronze.stream_positions
+        (sqlfluff's templater), and with compute=false when no node of this invocation computed it
+        yet (data tests then check whole tables).
         The decision is kept in the `graph` dict, which every node of an invocation shares, keyed
         by invocation_id; each node would otherwise read the positions again.
     -#}
@@ -35,6 +36,11 @@
     {%- endif -%}
 
     {%- set positions = graph.sources['source.changelake.bronze.stream_positions'] -%}
+    {%- if adapter.get_relation(database=positions.database, schema=positions.schema,
+        identifier=positions.identifier) is none -%}
+        {#- No registered bronze (sqlfluff's templater on a scratch warehouse): nothing to decide. -#}
+        {{ return(none) }}
+    {%- endif -%}
     {%- set safe_bounds_node = graph.nodes['model.changelake.safe_bounds'] -%}
     {%- set loaded_bounds_node = graph.nodes['model.changelake.loaded_bounds'] -%}
     {%- set safe_bounds_relation = adapter.get_relation(
