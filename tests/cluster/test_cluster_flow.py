@@ -198,6 +198,9 @@ def test_ingest_and_dbt_build_on_the_cluster(cluster: Cluster, tmp_path: Path, m
     print(f"dbt build --target cluster: {time.monotonic() - t0:.1f} s")
     _, after = thrift_executors(c)
     assert worker_tasks(after) > worker_tasks(before), f"dbt build ran nothing on the worker: {after}"
+    # The position guard through the Thrift server: the guarded MERGE keeps a row against an older event.
+    out = dbt_cluster(c, tmp_path, "run-operation", "check_merge_guard")
+    assert "merge guard holds on target cluster (spark): 1: stored, newer; 2: batch, newer" in out, out
 
     # DESIGN §7.1: consumer_records equal the source tables; tombstones are exactly the gone keys.
     bronze = c.query(

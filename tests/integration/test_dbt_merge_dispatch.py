@@ -132,3 +132,12 @@ def test_databricks_merge_of_a_guarded_model_is_the_guarded_merge() -> None:
 
 def test_databricks_merge_of_an_unguarded_model_is_the_adapters() -> None:
     assert render_merge({}) == "adapter: dbt-databricks merge"
+
+
+def test_the_guard_rejects_an_older_event_on_the_session_target(tmp_path: Path) -> None:
+    """The guarded MERGE itself, run by Spark through dbt-spark (session; tests/cluster runs the same
+    operation through the Thrift server): a stored row keeps its state against an older batch row."""
+    from tests.helpers.silver import dbt
+
+    out = dbt(tmp_path / "warehouse", "run-operation", "check_merge_guard")
+    assert "merge guard holds on target local (spark): 1: stored, newer; 2: batch, newer; 3: batch, new key" in out
