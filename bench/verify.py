@@ -20,14 +20,12 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import random
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import yaml
@@ -35,38 +33,13 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.small_files import spark_session  # noqa: E402
+from bench.snapshot_lag import dsn, load  # noqa: E402
 from ingest.bronze.writer import BronzeWriter  # noqa: E402
 from ingest.config import BatchConfig, load_config  # noqa: E402
 from ingest.progress import Progress  # noqa: E402
 from ingest.sources.postgres.admin import prepare_source  # noqa: E402
 from ingest.sources.postgres.capture import PostgresCapture  # noqa: E402
-
-
-def dsn() -> str:
-    return (
-        os.environ.get("CHANGELAKE_PG_DSN")
-        or subprocess.run(
-            ["bash", str(ROOT / "scripts/pg.sh"), "start"], check=True, capture_output=True, text=True
-        ).stdout.split()[-1]
-    )
-
-
-def load(dsn_: str, table: str, rows: int, rate: int, stop: Any, done: Any) -> None:
-    """`rate` row changes per second as 20-row updates, until `stop` is set."""
-    per_txn = 20
-    txn_per_s = rate / per_txn
-    rnd = random.Random(7)
-    n = 0
-    with psycopg.connect(dsn_, autocommit=True) as c:
-        t0 = time.monotonic()
-        while not stop.is_set():
-            ids = [rnd.randint(1, rows) for _ in range(per_txn)]
-            c.execute(f"update {table} set n = n + 1 where id = any(%s)", (ids,))
-            n += 1
-            ahead = n / txn_per_s - (time.monotonic() - t0)
-            if ahead > 0:
-                time.sleep(ahead)
-    done.value = n * per_txn / (time.monotonic() - t0)
 
 
 def dbt_env(warehouse: Path) -> dict[str, str]:
@@ -77,21 +50,6 @@ def dbt_env(warehouse: Path) -> dict[str, str]:
         DBT_PROFILES_DIR=str(ROOT),
         DBT_TARGET_PATH=str(warehouse.parent / "dbt-target"),
         DBT_LOG_PATH=str(warehouse.parent / "dbt-logs"),
-    )
-
-
-def spark_session():  # type: ignore[no-untyped-def]
-    from pyspark.sql import SparkSession
-
-    return (
-        SparkSession.builder.appName("changelake-bench-verify")
-        .master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.databricks.delta.snapshotPartitions", "2")
-        .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
-        .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
-        .getOrCreate()
     )
 
 
