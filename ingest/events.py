@@ -98,7 +98,9 @@ class RelationShape:
         import hashlib
 
         parts = [self.table_schema, self.table_name, self.replica_identity]
-        parts += [f"{c.name}:{c.type_oid}:{c.type_modifier}:{c.pk_position}" for c in self.columns]
+        # type_name too: a table recorded before W8 (type_name without its modifier) is recorded
+        # again, as the catalog names it now, by the next start (its rows are the same: no re-snapshot).
+        parts += [f"{c.name}:{c.type_oid}:{c.type_modifier}:{c.pk_position}:{c.type_name}" for c in self.columns]
         # A masked column (masking.py) is another shape; the hashes of every other shape stay as they were.
         parts += [f"masked:{c.name}" for c in self.columns if c.json_kind == "masked"]
         return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:16]

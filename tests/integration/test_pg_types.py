@@ -7,10 +7,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 import yaml
+from deltalake import DeltaTable, write_deltalake
 
 from ingest import cli
+from ingest.bronze.schemas import SOURCE_RELATIONS
 from ingest.gold import model_name
 from tests.helpers import bronze_fixture
 from tests.helpers.delta_rows import read
@@ -313,3 +316,22 @@ def test_gold_is_typed_and_quoted_for_every_column(
             assert row[column] == [spark_type, values.get(rid)], f"{column}, row {rid}"
     (odd_row,) = gold[odd]
     assert {c: v[1] for c, v in odd_row.items()} == ODD_GOLD
+
+
+def test_a_shape_recorded_before_w8_is_recorded_again_with_its_modifier(warehouse: Path, make_source: Any) -> None:
+    """Bronze written before the W8 fix says `numeric`: the next start records the table's shape again
+    as the catalog names it (table_columns, latest by first_seen_lsn, then types it decimal(12,3))."""
+    s = make_source(TYPES_SQL, ["typed"])
+    prepare(s.config())
+    s.execute(ROWS[2])
+    capture_once(warehouse, s.config())
+    path = str(warehouse / "bronze" / "source_relations")
+    rows = DeltaTable(path).to_pyarrow_table().to_pylist()
+    for r in rows:  # what ingest wrote before the fix: format_type(oid, NULL)
+        r["columns"] = [{**c, "type_name": "numeric"} if c["name"] == "c_numeric" else c for c in r["columns"]]
+    write_deltalake(path, pa.Table.from_pylist(rows, SOURCE_RELATIONS), mode="overwrite", partition_by=["source"])
+    capture_once(warehouse, s.config(snapshot={"initial": False}), snapshots=True)  # a start, as `run` does it
+    rel = sorted(
+        read(warehouse / "bronze" / "source_relations", f"source = '{s.name}'"), key=lambda r: r.first_seen_lsn
+    )
+    assert [{c.name: c.type_name for c in r.columns}["c_numeric"] for r in rel] == ["numeric", "numeric(12,3)"]
