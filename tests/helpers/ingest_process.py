@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -72,6 +73,35 @@ def wait_for(check: Callable[[], bool], proc: subprocess.Popen[str], seconds: fl
         if time.monotonic() > deadline:
             raise AssertionError(f"{what or 'condition'} not reached within {seconds} s")
         time.sleep(0.3)
+
+
+def run_killed(cfg: Path, crash_at: str | None, kill_after: float | None, once: bool, stop_after: float) -> int:
+    """One `run` (`--once` or continuous): killed at fault point `crash_at` (ingest/faults.py), or
+    SIGKILLed after `kill_after` seconds, else it ends by itself; a continuous run that reaches
+    neither is stopped with SIGTERM after `stop_after` seconds, as a deploy would. Its exit code
+    (0 or -SIGKILL; anything else fails with ingest's stderr).
+    """
+    env = dict(os.environ)
+    env.pop("CHANGELAKE_CRASH_AT", None)
+    if crash_at:
+        env["CHANGELAKE_CRASH_AT"] = crash_at
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ingest", "-c", str(cfg), "run", *(["--once"] if once else [])],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    limit = kill_after if kill_after is not None else (None if once else stop_after)
+    if limit is not None:
+        try:
+            proc.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGKILL if kill_after is not None else signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    if proc.returncode not in (0, -signal.SIGKILL):
+        raise AssertionError(f"ingest failed ({proc.returncode}): {err.decode()[-3000:]}")
+    return proc.returncode
 
 
 def free_port() -> int:

@@ -25,6 +25,7 @@ import pytest
 import yaml
 from psycopg.conninfo import make_conninfo
 
+from tests.helpers.ingest_process import run_killed
 from tests.helpers.pg import ROOT, TD_LINE, bronze_events, prepare
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash]
@@ -102,32 +103,7 @@ def oracle(dsn: str, slot: str, table: str) -> list[tuple[int, str, int, str | N
 
 
 def run_ingest(cfg: Path, crash_at: str | None, kill_after: float | None, once: bool = True) -> int:
-    """One ingest process; killed at `crash_at`, or after `kill_after` seconds, else it ends by itself.
-
-    A continuous run (`once=False`) that reaches neither is stopped with SIGTERM after
-    CONTINUOUS_SECONDS, as a deploy would.
-    """
-    env = dict(os.environ)
-    env.pop("CHANGELAKE_CRASH_AT", None)
-    if crash_at:
-        env["CHANGELAKE_CRASH_AT"] = crash_at
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ingest", "-c", str(cfg), "run", *(["--once"] if once else [])],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    limit = kill_after if kill_after is not None else (None if once else CONTINUOUS_SECONDS)
-    if limit is not None:
-        try:
-            proc.wait(timeout=limit)
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGKILL if kill_after is not None else signal.SIGTERM)
-    _, err = proc.communicate(timeout=300)
-    if proc.returncode not in (0, -signal.SIGKILL):
-        raise AssertionError(f"ingest failed ({proc.returncode}): {err.decode()[-3000:]}")
-    return proc.returncode
+    return run_killed(cfg, crash_at, kill_after, once, CONTINUOUS_SECONDS)
 
 
 def test_sigkill_anywhere_loses_and_duplicates_nothing(tmp_path: Path, make_source: Any) -> None:
