@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -15,7 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import yaml
+from psycopg.conninfo import make_conninfo
 
 from tests.helpers.pg import ROOT
 
@@ -102,6 +105,41 @@ def run_killed(cfg: Path, crash_at: str | None, kill_after: float | None, once: 
     if proc.returncode not in (0, -signal.SIGKILL):
         raise AssertionError(f"ingest failed ({proc.returncode}): {err.decode()[-3000:]}")
     return proc.returncode
+
+
+def run_while_writing(
+    s: Any,
+    write: Callable[[psycopg.Connection[Any]], None],
+    cfg: Path,
+    crash_at: str | None,
+    kill_after: float | None,
+    once: bool,
+    stop_after: float,
+) -> int:
+    """`run_killed` while `write(conn)` changes the source on a connection of its own (a thread).
+
+    Kills then land inside open transactions and between a commit and its acknowledgement, not
+    only on a quiet source. A failure of `write` is raised here, after the run.
+    """
+    conn = psycopg.connect(make_conninfo(s.dsn, options=f"-c search_path={s.schema}"), autocommit=True)
+    failed: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            write(conn)
+        except BaseException as e:  # re-raised below, in the caller's thread
+            failed.append(e)
+
+    writer = threading.Thread(target=target)
+    writer.start()
+    try:
+        rc = run_killed(cfg, crash_at, kill_after, once, stop_after)
+    finally:
+        writer.join()
+        conn.close()
+    if failed:
+        raise failed[0]
+    return rc
 
 
 def free_port() -> int:

@@ -16,16 +16,15 @@ import re
 import signal
 import subprocess
 import sys
-import threading
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 import yaml
-from psycopg.conninfo import make_conninfo
 
-from tests.helpers.ingest_process import run_killed
+from tests.helpers.ingest_process import run_killed, run_while_writing
 from tests.helpers.pg import ROOT, TD_LINE, bronze_events, prepare
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash]
@@ -137,31 +136,17 @@ def test_sigkill_anywhere_loses_and_duplicates_nothing(tmp_path: Path, make_sour
     plan: list[tuple[str | None, float | None]] = [(p, None) for p in FAULT_POINTS]
     plan += [(None, rnd.uniform(2, 10)) for _ in range(RANDOM_KILLS)]
     for n, (crash_at, kill_after) in enumerate(plan):
-        # The workload writes while ingest runs (and dies): kills land inside open transactions and
-        # between a commit and its acknowledgement, not only on a quiet source.
         workload(s.conn, rnd, next_id)  # something to read from the start
-        writer_conn = psycopg.connect(make_conninfo(s.dsn, options=f"-c search_path={s.schema}"), autocommit=True)
-        failed: list[BaseException] = []
-
-        def write(
-            conn: psycopg.Connection[Any] = writer_conn,
-            seed: float = rnd.random(),
-            failed: list[BaseException] = failed,
-        ) -> None:
-            try:
-                workload(conn, random.Random(seed), next_id)
-            except BaseException as e:  # re-raised below, in the test's thread
-                failed.append(e)
-
-        concurrent = threading.Thread(target=write)
-        concurrent.start()
-        try:
-            rc = run_ingest(cfg, crash_at, kill_after, once=n % 2 == 0)
-        finally:
-            concurrent.join()
-            writer_conn.close()
-        if failed:
-            raise failed[0]
+        seed = rnd.random()
+        rc = run_while_writing(
+            s,
+            partial(workload, rnd=random.Random(seed), next_id=next_id),
+            cfg,
+            crash_at,
+            kill_after,
+            n % 2 == 0,
+            CONTINUOUS_SECONDS,
+        )
         if crash_at:
             assert rc == -signal.SIGKILL, f"crash point {crash_at} was never reached"
         kills += rc == -signal.SIGKILL
