@@ -1,5 +1,8 @@
 """Benchmark: does the incremental silver run cost follow the batch, not the history.
 
+Issue 3 measured sequin_events and consumer_records; issue 15 adds record_history (silver's SCD2
+history, one row per version), timed per model from run_results.json with its own ratio line.
+
 For each history size H (default 1M and 10M events), in its own fresh warehouse:
   1. a Spark subprocess writes synthetic bronze (wal_events, stream_positions, source_relations) by
      path into tables created by ingest's BronzeWriter (schemas, partitioning and properties of
@@ -316,6 +319,21 @@ def step_verify(wh: Path, history: int, batch: int) -> None:
     n_bad = bad.count()
     if n_bad:
         problems.append(f"{n_bad} of {checked} batch-touched keys do not hold their last batch event")
+    # record_history: its current versions are the live consumer_records rows (DESIGN §6 history).
+    rh = spark.read.format("delta").load(str(silver / "record_history"))
+    current = rh.where(F.col("is_current"))
+    live = cr.where(~F.col("deleted"))
+    n_versions, n_current = rh.count(), current.count()
+    if n_current != live.count():
+        problems.append(f"record_history has {n_current} current versions, consumer_records {live.count()} live rows")
+    keys = ["source", "table_schema", "table_name", "record_pk"]
+    differing = current.join(live, keys, "full_outer").where(
+        ~F.coalesce(current["record"] == live["record"], F.lit(False))
+        | ~F.coalesce(current["valid_from_lsn"] == live["commit_lsn"], F.lit(False))
+        | ~F.coalesce(current["valid_from_index"] == live["commit_index"], F.lit(False))
+    ).count()
+    if differing:
+        problems.append(f"{differing} current record_history versions differ from consumer_records")
     # What the incremental models pay to find where they stand: the stored max per source.
     lookups = {
         "sequin_events max position per source": (
@@ -323,6 +341,10 @@ def step_verify(wh: Path, history: int, batch: int) -> None:
             f"from delta.`{silver / 'sequin_events'}` group by source"),
         "consumer_records max seq per source": (
             f"select source, max(seq) from delta.`{silver / 'consumer_records'}` group by source"),
+        "record_history max seq and lsn per source": (
+            f"select source, greatest(max(valid_from_seq), max(valid_to_seq)), "
+            f"greatest(max(valid_from_lsn), max(valid_to_lsn)) "
+            f"from delta.`{silver / 'record_history'}` group by source"),
     }
     lookup_secs = {}
     for name, q in lookups.items():
@@ -335,6 +357,8 @@ def step_verify(wh: Path, history: int, batch: int) -> None:
         "sequin_events": row.n,
         "consumer_records": row2.n,
         "deleted": row2.deleted,
+        "record_history": n_versions,
+        "current_versions": n_current,
         "checked_keys": checked,
         "problems": problems,
         "merge": last_commit(silver / "consumer_records"),
@@ -617,7 +641,8 @@ def quick_check(wh: Path, events: int, keys: int, what: str) -> dict[str, Any]:
     if (n_events, max_seq, n_keys, max_seq_records) != (events, events, keys, events):
         raise SystemExit(f"{what} is wrong: sequin_events {n_events} rows (max seq {max_seq}), expected {events};"
                          f" consumer_records {n_keys} rows (max seq {max_seq_records}), expected {keys}")
-    return {"merge": last_commit(silver / "consumer_records"), "append": last_commit(silver / "sequin_events")}
+    return {"merge": last_commit(silver / "consumer_records"), "append": last_commit(silver / "sequin_events"),
+            "history": last_commit(silver / "record_history")}
 
 
 def merged(run: dict[str, Any]) -> dict[str, Any]:
@@ -636,10 +661,13 @@ def report_one(r: dict[str, Any]) -> None:
     print(f"verified after run 1: sequin_events {v['sequin_events']:,} rows, consumer_records "
           f"{v['consumer_records']:,} rows ({v['deleted']:,} deleted), {v['checked_keys']:,} batch-touched keys "
           "hold their last batch event; repeats: same row counts, max seq and MERGE row counts")
+    print(f"record_history after run 1: {v.get('record_history', 0):,} versions, "
+          f"{v.get('current_versions', 0):,} current (= the live consumer_records rows, same record and position)")
     print("stored-max lookups run alone (warm, in the verify session): "
           + ", ".join(f"{k} {secs:.1f}s" for k, secs in v.get("lookups", {}).items()))
     for name, c in (("consumer_records MERGE", incr["commits"]["merge"]),
-                    ("sequin_events append", incr["commits"]["append"])):
+                    ("sequin_events append", incr["commits"]["append"]),
+                    ("record_history MERGE", incr["commits"]["history"])):
         m = c["metrics"]
         keep = ["numSourceRows", "numTargetRowsInserted", "numTargetRowsUpdated", "numTargetRowsCopied",
                 "numTargetFilesAdded", "numTargetFilesRemoved", "executionTimeMs", "scanTimeMs",
@@ -694,18 +722,19 @@ def report(rows: list[dict[str, Any]]) -> None:
         return
     print("\n=== dbt merge scaling: `dbt run --select silver`, seconds (models: dbt's execution_time)")
     print(f"{'history':>12} {'gen bronze':>10} {'hist run':>9} {'incr runs (wall)':>22} {'best':>7} "
-          f"{'sequin_events':>13} {'consumer_recs':>13} {'safe_bounds':>11} {'table_cols':>10}")
+          f"{'sequin_events':>13} {'consumer_recs':>13} {'record_hist':>11} {'safe_bounds':>11} {'table_cols':>10}")
     for r in rows:
         _, best = fastest(r)
         m = best["models"]
         runs = " ".join(f"{x['wall']:.1f}" for x in r["incr"])
         print(f"{r['history']:>12,} {r['gen_history']:>10.1f} {r['build']['wall']:>9.1f} {runs:>22} "
               f"{best['wall']:>7.1f} {m.get('sequin_events', 0):>13.1f} {m.get('consumer_records', 0):>13.1f} "
-              f"{m.get('safe_bounds', 0):>11.1f} {m.get('table_columns', 0):>10.1f}")
+              f"{m.get('record_history', 0):>11.1f} {m.get('safe_bounds', 0):>11.1f} "
+              f"{m.get('table_columns', 0):>10.1f}")
     for r in rows:
         b = r["build"]["models"]
         print(f"history build H={r['history']:,}: sequin_events {b.get('sequin_events', 0):.1f}s, "
-              f"consumer_records {b.get('consumer_records', 0):.1f}s")
+              f"consumer_records {b.get('consumer_records', 0):.1f}s, record_history {b.get('record_history', 0):.1f}s")
     if len(rows) > 1:
         lo, hi = rows[0], rows[-1]
         _, a = fastest(lo)
@@ -720,6 +749,12 @@ def report(rows: list[dict[str, Any]]) -> None:
               f", sequin_events {ratio(lambda x: x['models'].get('sequin_events', 0))}"
               f", consumer_records {ratio(lambda x: x['models'].get('consumer_records', 0))}"
               f"   (goal <= 1.3); wall ratio per repeat: {pairs}")
+        hist_lo = [x["models"].get("record_history", 0) for x in lo["incr"]]
+        hist_hi = [x["models"].get("record_history", 0) for x in hi["incr"]]
+        per_repeat = " ".join(f"{y / x:.2f}" for x, y in zip(hist_lo, hist_hi, strict=True) if x)
+        print(f"record_history incremental (issue 15): H={lo['history']:,} {min(hist_lo):.1f}s, "
+              f"H={hi['history']:,} {min(hist_hi):.1f}s, ratio {min(hist_hi) / min(hist_lo):.2f} (best runs; "
+              f"goal <= 1.3); per repeat: {per_repeat}")
 
 
 def step_main(argv: list[str]) -> None:

@@ -1,9 +1,10 @@
-{% macro consumer_records_scan_bounds() %}
+{% macro consumer_records_scan_bounds(stored_positions_query=none) %}
     {#-
         The lookups model consumer_records turns into literals, run before its main query is
         planned (query_rows_at_execution), so that Delta skips the sequin_events files already
         folded, the snapshot rows already folded and the stored partitions the run does not touch.
-        Returns a dict:
+        record_history passes its own stored_positions_query (same columns: source, max_seq,
+        max_commit_lsn). Returns a dict:
         - stored_positions_query: per source the max seq and max commit_lsn stored in {{ this }};
         - stored_rows: its rows, or none (a full build, parse time, unit tests);
         and, when stored_rows is not none:
@@ -17,7 +18,7 @@
           events, truncated tables, tables of new snapshot rows.
         The model's joins still decide exactly; the literals only prune.
     -#}
-    {%- set stored_positions_query -%}
+    {%- set own_positions_query -%}
         -- Every applied event left its seq on some row, so events up to the source's max seq here
         -- are folded in; likewise the placed snapshot rows up to its max commit_lsn.
         select
@@ -27,6 +28,7 @@
         from {{ this }}
         group by source
     {%- endset -%}
+    {%- set stored_positions_query = own_positions_query if stored_positions_query is none else stored_positions_query -%}
     {%- set bounds = {'stored_positions_query': stored_positions_query, 'stored_rows': none} -%}
     {#- A model skipped because nothing is new runs no lookup either (changelake_skip_reason). -#}
     {%- set stored_rows = query_rows_at_execution(stored_positions_query)

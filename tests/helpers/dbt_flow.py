@@ -79,3 +79,33 @@ def assert_event_log_matches_bronze(events: list[Any], bronze: list[Any], s: Any
     assert positions == [(e.commit_lsn, e.commit_index) for e in bronze]
 
 
+
+
+def live_state(recs: list[Any]) -> dict[tuple[str, str, str, str], str]:
+    """The live consumer_records rows (or as_of / history rows) as {(source, schema, table, pk): record}."""
+    return {
+        (r.source, r.table_schema, r.table_name, r.record_pk): r.record
+        for r in recs
+        if not getattr(r, "deleted", False)
+    }
+
+
+def history_at(history: list[Any], positions: dict[str, int]) -> dict[tuple[str, str, str, str], str]:
+    """The record_history versions live at each source's commit_lsn in `positions` (as_of's rule)."""
+    live = [
+        r for r in history
+        if r.source in positions
+        and r.valid_from_lsn <= positions[r.source]
+        and (r.valid_to_lsn is None or r.valid_to_lsn > positions[r.source])
+    ]
+    state = live_state(live)
+    assert len(state) == len(live), f"seed {SEED}: two versions of one record live at {positions}"
+    return state
+
+
+def show_rows(output: str) -> list[dict[str, Any]]:
+    """The rows `dbt show --output json` printed (its JSON object follows dbt's log lines)."""
+    start = output.index('{\n  "show"') if '{\n  "show"' in output else output.index('{"show"')
+    doc, _ = json.JSONDecoder().raw_decode(output[start:])
+    rows: list[dict[str, Any]] = doc["show"]
+    return rows

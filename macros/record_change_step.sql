@@ -1,0 +1,94 @@
+{% macro record_change_step() %}
+    {#-
+        One step of the consumer_records state machine (DESIGN §6): a SQL expression over two lambda
+        variables that the caller binds, `state` (the key's state so far) and `change` (its next
+        change in position order), giving the state after the change. The state is
+        struct<is_present, record, deleted, deleted_at, needs_reread, commit_lsn, commit_index, seq,
+        origin, updated_at>; the change is struct<commit_lsn, commit_index, seq, commit_timestamp,
+        change_kind, record, old_record, unchanged_toast, ...> (extra fields are ignored). A change
+        that does not change the state (older than it, or a truncate of a row that is not live)
+        returns `state` itself. fold_record_changes folds a key's changes with it; record_history
+        keeps every intermediate state. The rules are listed in fold_record_changes.
+    -#}
+    {%- set live_record = "case when state.is_present and not state.deleted then state.record end" -%}
+    case
+            when
+                state.commit_lsn is not null
+                and (
+                    change.commit_lsn < state.commit_lsn
+                    or (change.commit_lsn = state.commit_lsn and change.commit_index <= state.commit_index)
+                )
+                then state
+            when change.change_kind = 'snapshot'
+                then named_struct(
+                    'is_present', true,
+                    'record', change.record,
+                    'deleted', false,
+                    'deleted_at', cast(null as timestamp),
+                    'needs_reread', false,
+                    'commit_lsn', change.commit_lsn,
+                    'commit_index', change.commit_index,
+                    'seq', change.seq,
+                    'origin', 'snapshot',
+                    'updated_at', change.commit_timestamp
+                )
+            when change.change_kind = 'upsert'
+                then named_struct(
+                    'is_present', true,
+                    'record', case
+                        when size(change.unchanged_toast) = 0 then change.record
+                        else to_json(map_concat(
+                            from_json(change.record, 'map<string, variant>'),
+                            map_filter(
+                                coalesce(
+                                    from_json({{ live_record }}, 'map<string, variant>'),
+                                    cast(map() as map<string, variant>)
+                                ),
+                                (column_name, column_value) -> array_contains(change.unchanged_toast, column_name)
+                                and not array_contains(json_object_keys(change.record), column_name)
+                            )
+                        ))
+                    end,
+                    'deleted', false,
+                    'deleted_at', cast(null as timestamp),
+                    'needs_reread', exists(
+                        change.unchanged_toast,
+                        column_name -> not coalesce(
+                            array_contains(json_object_keys({{ live_record }}), column_name), false
+                        )
+                    ),
+                    'commit_lsn', change.commit_lsn,
+                    'commit_index', change.commit_index,
+                    'seq', change.seq,
+                    'origin', 'stream',
+                    'updated_at', change.commit_timestamp
+                )
+            when change.change_kind = 'delete'
+                then named_struct(
+                    'is_present', true,
+                    'record', coalesce(case when state.is_present then state.record end, change.old_record),
+                    'deleted', true,
+                    'deleted_at', change.commit_timestamp,
+                    'needs_reread', false,
+                    'commit_lsn', change.commit_lsn,
+                    'commit_index', change.commit_index,
+                    'seq', change.seq,
+                    'origin', 'stream',
+                    'updated_at', change.commit_timestamp
+                )
+            when change.change_kind = 'truncate' and state.is_present and not state.deleted
+                then named_struct(
+                    'is_present', true,
+                    'record', state.record,
+                    'deleted', true,
+                    'deleted_at', change.commit_timestamp,
+                    'needs_reread', false,
+                    'commit_lsn', change.commit_lsn,
+                    'commit_index', change.commit_index,
+                    'seq', change.seq,
+                    'origin', 'stream',
+                    'updated_at', change.commit_timestamp
+                )
+            else state
+        end
+{%- endmacro %}
