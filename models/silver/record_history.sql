@@ -401,8 +401,10 @@ state_changes as (
             filter(
                 state_sequences.states,
                 (step, i) -> i = 0
-                or step.state.commit_lsn is distinct from state_sequences.states[greatest(i - 1, 0)].state.commit_lsn
-                or step.state.commit_index is distinct from state_sequences.states[greatest(i - 1, 0)].state.commit_index
+                or step.state.commit_lsn
+                is distinct from state_sequences.states[greatest(i - 1, 0)].state.commit_lsn
+                or step.state.commit_index
+                is distinct from state_sequences.states[greatest(i - 1, 0)].state.commit_index
             )
         ) state_steps as step_index, step
 
@@ -413,31 +415,34 @@ versions as (
     -- A live state is a version; the state after it ends it. The starting state is written again
     -- only when this run ends it.
     select
-        source,
-        table_schema,
-        table_name,
-        record_pk,
-        state.record,
-        state.updated_at as valid_from,
-        state.commit_lsn as valid_from_lsn,
-        state.commit_index as valid_from_index,
-        state.seq as valid_from_seq,
-        next_step.state.updated_at as valid_to,
-        next_step.state.commit_lsn as valid_to_lsn,
-        next_step.state.commit_index as valid_to_index,
-        next_step.state.seq as valid_to_seq,
-        next_step is null as is_current,
-        change_action as started_by,
-        next_step.change_action as ended_by,
-        state.origin,
-        state.needs_reread,
-        coalesce(next_step.state.commit_lsn, state.commit_lsn) as commit_lsn,
-        coalesce(next_step.state.commit_index, state.commit_index) as commit_index
+        state_changes.source,
+        state_changes.table_schema,
+        state_changes.table_name,
+        state_changes.record_pk,
+        state_changes.state.record,
+        state_changes.state.updated_at as valid_from,
+        state_changes.state.commit_lsn as valid_from_lsn,
+        state_changes.state.commit_index as valid_from_index,
+        state_changes.state.seq as valid_from_seq,
+        state_changes.next_step.state.updated_at as valid_to,
+        state_changes.next_step.state.commit_lsn as valid_to_lsn,
+        state_changes.next_step.state.commit_index as valid_to_index,
+        state_changes.next_step.state.seq as valid_to_seq,
+        state_changes.next_step is null as is_current,
+        state_changes.change_action as started_by,
+        state_changes.next_step.change_action as ended_by,
+        state_changes.state.origin,
+        state_changes.state.needs_reread,
+        coalesce(state_changes.next_step.state.commit_lsn, state_changes.state.commit_lsn) as commit_lsn,
+        coalesce(state_changes.next_step.state.commit_index, state_changes.state.commit_index) as commit_index
     from state_changes
     where
-        state.is_present
-        and not state.deleted
-        and (step_index > 0 or (has_current and next_step is not null))
+        state_changes.state.is_present
+        and not state_changes.state.deleted
+        and (
+            state_changes.step_index > 0
+            or (state_changes.has_current and state_changes.next_step is not null)
+        )
 
 ),
 

@@ -19,6 +19,13 @@ record_history as (
 
 ),
 
+live_records as (
+
+    select * from consumer_records
+    where not deleted
+
+),
+
 current_versions as (
 
     select * from record_history
@@ -41,12 +48,12 @@ last_versions as (
 live_mismatches as (
 
     select
-        coalesce(consumer_records.source, current_versions.source) as source,
+        coalesce(consumer_records.source, current_versions.source) as record_source,
         coalesce(consumer_records.table_schema, current_versions.table_schema) as table_schema,
         coalesce(consumer_records.table_name, current_versions.table_name) as table_name,
         coalesce(consumer_records.record_pk, current_versions.record_pk) as record_pk,
-        'current version differs from the live consumer_records row' as problem
-    from (select * from consumer_records where not deleted) as consumer_records
+        'current version differs from the live consumer_records row' as mismatch
+    from live_records as consumer_records
     full outer join current_versions
         on
             consumer_records.source = current_versions.source
@@ -69,11 +76,11 @@ live_mismatches as (
 tombstone_mismatches as (
 
     select
-        consumer_records.source,
+        consumer_records.source as record_source,
         consumer_records.table_schema,
         consumer_records.table_name,
         consumer_records.record_pk,
-        'last version does not end at the tombstone' as problem
+        'last version does not end at the tombstone' as mismatch
     from consumer_records
     inner join last_versions
         on
