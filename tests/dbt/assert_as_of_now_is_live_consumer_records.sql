@@ -4,9 +4,12 @@
 -- The as_of macro at the present (a far-future timestamp, and each source's last position as an
 -- LSN) gives exactly the live consumer_records rows (DESIGN §6 history: a consistent state of a
 -- whole source at one position). tests/integration/test_dbt_flow.py checks an earlier position.
+{#- Each source's last position, looked up when the test runs (not at parse time, and not before
+    record_history exists, e.g. a `dbt compile` or sqlfluff on a fresh warehouse). -#}
+{%- set history_exists = execute and load_relation(ref('record_history')) is not none -%}
 {%- set last_positions = query_rows_at_execution(
     'select source, max(commit_lsn) as max_lsn from ' ~ ref('record_history') ~ ' group by source'
-) %}
+) if history_exists else none %}
 with
 
 live_records as (
