@@ -322,9 +322,10 @@ class PostgresCapture:
                 table = (sh.table_schema, sh.table_name)
                 before = last_shapes.get(table)
                 if before is not None and sh.first_seen_lsn < before.first_seen_lsn:
-                    # Older than the shape the start recorded from the catalog: history, not a change.
-                    batcher.shapes.append(sh)
-                elif before is None or before.shape_hash != sh.shape_hash:
+                    # Older than the latest recorded shape (the start's, from the catalog, or a replay):
+                    # history, not a change, and recorded already or superseded.
+                    continue
+                if before is None or before.shape_hash != sh.shape_hash:
                     if before is not None:
                         self._resnapshot_if_rows_changed(admin, before, sh)
                     last_shapes[table] = sh
