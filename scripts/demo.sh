@@ -13,11 +13,11 @@ $PY -m demo.workload "$CHANGELAKE_PG_DSN"
 echo "demo: ingest run --once (drains the slot into bronze, then exits)"
 .venv/bin/changelake-ingest -c config/demo.yml run --once
 echo "demo: dbt build of silver (table_columns: the captured tables' shapes)"
+started=$SECONDS
 .venv/bin/dbt build --quiet --project-dir . --profiles-dir . --select silver
 echo "demo: changelake-ingest gold generate (typed gold models of the demo's tables, with the source's comments)"
 .venv/bin/changelake-ingest -c config/demo.yml gold generate --out models/demo --source shop
 echo "demo: dbt build (gold and the demo's gold, with every data test and unit test)"
-started=$SECONDS
 .venv/bin/dbt build --quiet --project-dir . --profiles-dir . --vars '{changelake_demo: true}'
 built=$((SECONDS - started))
 echo "demo: a scheduled round with nothing new: ingest run --once (commits only its drain marker), then"
@@ -26,7 +26,8 @@ echo "      dbt build as ops/scheduled_job.sh runs it (no unit tests); silver fi
 started=$SECONDS
 .venv/bin/dbt build --quiet --project-dir . --profiles-dir . --vars '{changelake_demo: true}' \
   --exclude-resource-type unit_test
-echo "demo: dbt build times: ${built}s building the workload (unit tests included), $((SECONDS - started))s with nothing new"
+echo "demo: dbt times: ${built}s building the workload (silver, gold generate, gold; unit tests included)," \
+  "$((SECONDS - started))s for the round with nothing new"
 echo "demo: summary from gold"
 .venv/bin/dbt show --quiet --project-dir . --profiles-dir . --limit 20 --inline "
   select counts.table_name, counts.live_records, counts.deleted_records,
