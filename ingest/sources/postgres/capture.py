@@ -166,8 +166,9 @@ class PostgresCapture:
         """Re-snapshot a configured table whose shape change altered existing rows (W9, DESIGN §7.7).
 
         `ADD COLUMN ... DEFAULT`, DROP, RENAME or retype of a column (schema_changes.py). The
-        snapshot's pages replace every record's value (DESIGN §5 places them); a request queued
-        behind the running one that has read nothing yet covers it. With `run --once` a request made
+        snapshot's pages replace every record's value (DESIGN §5 places them). Always a new request:
+        a queued snapshot of the table may have read pages already (its writer row's progress lags
+        its durable pages), and a spare snapshot costs a read, not correctness. With `run --once` a request made
         after the run's snapshots finished is performed by the next run.
         """
         table = f"{after.table_schema}.{after.table_name}"
@@ -175,10 +176,6 @@ class PostgresCapture:
             return
         reason = resnapshot_reason(admin, before, after)
         if reason is None:
-            return
-        # tasks[0] may be reading a page with the old shape right now: only a later one covers it.
-        if any(t.table == table and t.pages == 0 and t.keys is None for t in self.snapshotter.tasks[1:]):
-            log.info("table %s changed shape (%s); its queued snapshot covers it", table, reason)
             return
         log.warning("table %s changed shape (%s): re-snapshotting it", table, reason)
         self.snapshotter.request([table], lambda: admin.slot_health().current_wal_lsn)
