@@ -54,16 +54,140 @@ as_of_last_positions as (
 
 ),
 
+-- Each direction of each mode apart: EXCEPT and UNION bind alike, left to right.
+timestamp_extra as (
+
+    select
+        source,
+        table_schema,
+        table_name,
+        record_pk,
+        record,
+        'timestamp' as check_mode
+    from as_of_now
+    except all
+    select
+        source,
+        table_schema,
+        table_name,
+        record_pk,
+        record,
+        'timestamp' as check_mode
+    from live_records
+
+),
+
+timestamp_missing as (
+
+    select
+        source,
+        table_schema,
+        table_name,
+        record_pk,
+        record,
+        'timestamp' as check_mode
+    from live_records
+    except all
+    select
+        source,
+        table_schema,
+        table_name,
+        record_pk,
+        record,
+        'timestamp' as check_mode
+    from as_of_now
+
+),
+
+lsn_extra as (
+
+    select
+        source,
+        table_schema,
+        table_name,
+        record_pk,
+        record,
+        'lsn' as check_mode
+    from as_of_last_positions
+    except all
+    select
+        source,
+        table_schema,
+        table_name,
+        record_pk,
+        record,
+        'lsn' as check_mode
+    from live_records
+
+),
+
+lsn_missing as (
+
+    select
+        source,
+        table_schema,
+        table_name,
+        record_pk,
+        record,
+        'lsn' as check_mode
+    from live_records
+    except all
+    select
+        source,
+        table_schema,
+        table_name,
+        record_pk,
+        record,
+        'lsn' as check_mode
+    from as_of_last_positions
+
+),
+
 differences as (
 
-    (select *, 'timestamp' as mode from as_of_now except all select *, 'timestamp' as mode from live_records)
+    select
+        source,
+        table_schema,
+        table_name,
+        record_pk,
+        record,
+        check_mode
+    from timestamp_extra
     union all
-    (select *, 'timestamp' as mode from live_records except all select *, 'timestamp' as mode from as_of_now)
+    select
+        source,
+        table_schema,
+        table_name,
+        record_pk,
+        record,
+        check_mode
+    from timestamp_missing
     union all
-    (select *, 'lsn' as mode from as_of_last_positions except all select *, 'lsn' as mode from live_records)
+    select
+        source,
+        table_schema,
+        table_name,
+        record_pk,
+        record,
+        check_mode
+    from lsn_extra
     union all
-    (select *, 'lsn' as mode from live_records except all select *, 'lsn' as mode from as_of_last_positions)
+    select
+        source,
+        table_schema,
+        table_name,
+        record_pk,
+        record,
+        check_mode
+    from lsn_missing
 
 )
 
-select * from differences
+select
+    source,
+    table_schema,
+    table_name,
+    record_pk,
+    record,
+    check_mode
+from differences
