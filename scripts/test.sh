@@ -10,8 +10,8 @@ echo "== mypy --strict"; mypy
 if [ -f dbt_project.yml ]; then echo "== sqlfluff"; bash scripts/sqlfluff.sh; fi
 echo "== pytest"
 # Two workers (pytest-xdist): one runs the Spark and dbt modules in order, the other the
-# PostgreSQL, MongoDB and unit modules, which mostly wait on servers (tests/conftest.py groups
-# them). CHANGELAKE_TEST_WORKERS=0 runs everything in this process, one test at a time.
+# PostgreSQL, MongoDB and unit modules, which mostly wait on servers (tests/conftest.py's
+# scheduler). CHANGELAKE_TEST_WORKERS=0 runs everything in this process, one test at a time.
 # Every test that took a second or more, slowest first: CI's log keeps where the time goes.
-python -m pytest tests -q -p no:cacheprovider -n "${CHANGELAKE_TEST_WORKERS:-2}" --dist loadgroup \
+python -m pytest tests -q -p no:cacheprovider -n "${CHANGELAKE_TEST_WORKERS:-2}" \
     --durations=0 --durations-min=1.0 "$@"

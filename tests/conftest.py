@@ -47,27 +47,37 @@ def warehouse(tmp_path: Path) -> Path:
 
 
 
-# The suite runs on two pytest-xdist workers (scripts/test.sh: `-n 2 --dist loadgroup`). Every
-# module whose tests start Spark or dbt (a JVM with `local[2]`: the machine has 2 cores) joins
-# one group, which one worker runs in order and first; the other worker takes the PostgreSQL,
-# MongoDB and unit modules, which mostly wait on servers, one module at a time (their
-# module-scoped fixtures and scratch clusters' fixed ports stay on one worker). A module counts
-# as Spark's when its text names dbt, Spark or the dbt flow helpers: erring towards the Spark
-# group only serializes more.
+# The suite runs on two pytest-xdist workers (scripts/test.sh: `-n 2`). Every module whose tests
+# start Spark or dbt (a JVM with `local[2]`: the machine has 2 cores) belongs to one scope, which
+# one worker runs in order and first; the other worker takes the PostgreSQL, MongoDB and unit
+# modules, which mostly wait on servers, a module at a time (their module-scoped fixtures and
+# scratch clusters' fixed ports stay on one worker). A module counts as Spark's when its text
+# names dbt, Spark or the dbt flow helpers: erring towards the Spark scope only serializes more.
+# (xdist's own `loadgroup` marks groups by rewriting node ids, which pytest 9 no longer lets it
+# do, so the scopes come from a scheduler of ours.)
 _SPARK_MODULE = re.compile(r"\bdbt\b|pyspark|SparkSession|spark_session|dbt_flow|cluster_flow", re.IGNORECASE)
-SPARK_GROUP = "spark-and-dbt"
+SPARK_SCOPE = "spark-and-dbt"
+_scopes: dict[Path, str] = {}
 
 
-def _group(path: Path, cache: dict[Path, str]) -> str:
-    if path not in cache:
+def _scope(path: Path) -> str:
+    if path not in _scopes:
         text = path.read_text(encoding="utf-8", errors="replace")
-        cache[path] = SPARK_GROUP if _SPARK_MODULE.search(text) else str(path.relative_to(ROOT))
-    return cache[path]
+        _scopes[path] = SPARK_SCOPE if _SPARK_MODULE.search(text) else str(path.relative_to(ROOT))
+    return _scopes[path]
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Scopes as above: a module's own, or the one Spark scope."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SparkScope(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _scope(ROOT / nodeid.split("::", 1)[0])
+
+    return SparkScope(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Group tests for xdist (above) and put the Spark group first, so its worker starts on it."""
-    cache: dict[Path, str] = {}
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_group(Path(str(item.path)), cache)))
-    items.sort(key=lambda item: cache[Path(str(item.path))] != SPARK_GROUP)  # stable: file order kept
+    """Put the Spark scope first, so a worker starts on it at once."""
+    items.sort(key=lambda item: _scope(Path(str(item.path))) != SPARK_SCOPE)  # stable: file order kept
