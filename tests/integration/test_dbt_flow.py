@@ -20,6 +20,7 @@ from tests.helpers.dbt_flow import (
     show_rows,
     workload,
 )
+from tests.helpers.delta_rows import read
 from tests.helpers.pg import bronze_events, capture_once, prepare
 from tests.helpers.silver import dbt, frozen, silver, snapshot_rows
 
@@ -47,6 +48,25 @@ def check_event_log(warehouse: Path, s: Any) -> None:
     """Invariant 2 on the warehouse read with delta-rs (see assert_event_log_matches_bronze)."""
     bronze = bronze_events(warehouse, s.name)
     assert_event_log_matches_bronze(silver(warehouse, "sequin_events"), bronze, s)
+
+
+def check_change_activity(warehouse: Path) -> None:
+    """gold.fct_change_activity (incremental: counts added per run) equals sequin_events counted afresh."""
+    expected: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for e in silver(warehouse, "sequin_events"):
+        hour = e.commit_timestamp.replace(minute=0, second=0, microsecond=0)
+        row = expected.setdefault((e.source, e.table_schema, e.table_name, e.action, hour), {"seqs": [], "txns": set()})
+        row["seqs"].append(e.seq)
+        row["txns"].add(e.transaction_id)
+    got = {
+        (r.source, r.table_schema, r.table_name, r.action, r.activity_hour): (
+            r.change_count, r.transaction_count, r.first_seq, r.last_seq
+        )
+        for r in read(warehouse / "dbt" / "gold.db" / "fct_change_activity")
+    }
+    assert got == {
+        k: (len(v["seqs"]), len(v["txns"]), min(v["seqs"]), max(v["seqs"])) for k, v in expected.items()
+    }
 
 
 def test_ingest_and_dbt_build_reproduce_the_source(warehouse: Path, make_source: Any) -> None:
@@ -109,6 +129,7 @@ def test_ingest_and_dbt_build_reproduce_the_source(warehouse: Path, make_source:
     assert f"source = '{s.name}' and commit_lsn > {loaded[s.name]} and commit_lsn <= " in history_test.read_text()
     check_equal(warehouse, s)
     check_event_log(warehouse, s)
+    check_change_activity(warehouse)  # built incrementally on the first build's counts
     doc = {r.record_pk: r for r in silver(warehouse, "consumer_records") if r.source == toast.name}
     body = toast.conn.execute(f"select body from {toast.schema}.docs where id = 2").fetchone()[0]
     assert not doc['{"id":2}'].needs_reread and doc['{"id":2}'].origin == "snapshot"
