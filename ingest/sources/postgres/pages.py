@@ -19,7 +19,7 @@ from ingest.config import PostgresSource
 from ingest.errors import SourceError, SourceUnavailableError
 from ingest.events import SnapshotRow, lsn_to_int
 from ingest.sources.postgres.catalog import TableShape
-from ingest.sources.postgres.replication import pin_value_encoding, safe_dsn, session_conninfo
+from ingest.sources.postgres.replication import connect_value_session
 from ingest.sources.postgres.rows import encode_key, encode_record, json_keys
 from ingest.sources.postgres.values import Encoder
 
@@ -53,14 +53,7 @@ class PageReader:
         """Open a plain (non-replication) connection with the stream's value output settings."""
         self.src = src
         self.hook = hook
-        conn = pq.PGconn.connect(session_conninfo(src.dsn).encode())
-        if conn.status != pq.ConnStatus.OK:
-            msg = conn.get_error_message().strip()
-            conn.finish()
-            error = SourceUnavailableError if transient_libpq_message(msg) else SourceError
-            raise error(f"source {src.name!r}: snapshot connection to {safe_dsn(src.dsn)} failed: {msg}")
-        pin_value_encoding(conn, f"source {src.name!r}: snapshot connection")
-        self.conn = conn
+        self.conn = connect_value_session(src.name, src.dsn, "snapshot connection")
 
     def close(self) -> None:
         """Close the connection."""

@@ -93,6 +93,23 @@ def pin_value_encoding(conn: pq.abc.PGconn, who: str) -> None:
         raise SourceError(f"{who}: cannot set client_encoding on a SQL_ASCII database: {msg}")
 
 
+def connect_value_session(name: str, dsn: str, who: str) -> pq.abc.PGconn:
+    """A plain connection with the stream's value output settings, for reading row values.
+
+    Values come byte for byte as the stream sends them (SESSION_OPTIONS, pin_value_encoding). An
+    unreachable server is SourceUnavailableError when libpq says so, else SourceError; `who` names
+    the connection in errors.
+    """
+    conn = pq.PGconn.connect(session_conninfo(dsn).encode())
+    if conn.status != pq.ConnStatus.OK:
+        msg = conn.get_error_message().strip()
+        conn.finish()
+        error = SourceUnavailableError if transient_libpq_message(msg) else SourceError
+        raise error(f"source {name!r}: {who} to {safe_dsn(dsn)} failed: {msg}")
+    pin_value_encoding(conn, f"source {name!r}: {who}")
+    return conn
+
+
 class ReplicationStream:
     """Owns one replication connection streaming a logical slot.
 

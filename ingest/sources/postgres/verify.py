@@ -31,7 +31,7 @@ from ingest.events import lsn_to_int
 from ingest.positions import SourcePositions
 from ingest.sources.postgres.admin import PostgresAdmin
 from ingest.sources.postgres.catalog import captured_shape, table_shape
-from ingest.sources.postgres.replication import safe_dsn, session_conninfo
+from ingest.sources.postgres.replication import connect_value_session
 from ingest.sources.postgres.rows import encode_key, encode_record, json_keys
 from ingest.sources.postgres.values import TYPE_CATALOG_SQL, Encoder, TypeCatalog
 from ingest.verify import Progress, Row, Rows, Silver, TableResult, changed_keys, compare, silver_path
@@ -56,13 +56,7 @@ class VerifySnapshot:
     def __init__(self, src: PostgresSource) -> None:
         """Connect with the stream's value output settings (values byte for byte as ingest's)."""
         self.src = src
-        conn = pq.PGconn.connect(session_conninfo(src.dsn).encode())
-        if conn.status != pq.ConnStatus.OK:
-            msg = conn.get_error_message().strip()
-            conn.finish()
-            error = SourceUnavailableError if transient_libpq_message(msg) else SourceError
-            raise error(f"source {src.name!r}: verify connection to {safe_dsn(src.dsn)} failed: {msg}")
-        self.conn = conn
+        self.conn = connect_value_session(src.name, src.dsn, "verify connection")
         self.before = self.insert_lsn = self.xmin = self.xmax = 0
         self.xip: frozenset[int] = frozenset()
         self._cursors = 0
