@@ -203,7 +203,7 @@ class MongoSnapshotter:
             db.command("killCursors", self.ns.coll, cursors=[cursor["id"]])
         at = cursor.get("atClusterTime")
         if not isinstance(at, Timestamp):
-            at = self._fallback_cluster_time()
+            at = self._fallback_cluster_time(read_at)
         mask = self.masks.table(self.ns.coll or "")  # excluded fields dropped, masked ones masked (masking.py)
         rows = tuple(
             SnapshotRow(record_key(d["_id"]), ext_json(mask_document(d, mask)), (ext_json(d["_id"]),)) for d in docs
@@ -219,17 +219,25 @@ class MongoSnapshotter:
             read_at_us=int(read_at * 1_000_000),
         )
 
-    def _fallback_cluster_time(self) -> Timestamp:
+    def _fallback_cluster_time(self, read_at: float) -> Timestamp:
         """A server that ignores `readConcern: snapshot` (compat.py): its cluster time after the read.
 
-        Such a server (mongo-java-server) may not move its cluster time at all while idle: the page
-        then takes the tick after the writer row's position, as good a watermark there.
+        When that has not moved past the writer row's position (an idle server; mongo-java-server
+        has no periodic no-op write), the page takes the start of the wall-clock second the read
+        began in, if that lies above the row, else it is read again (TIE_POLL_S) until it does.
+        mongo-java-server stamps a write with its wall-clock second and a global counter that
+        starts at 1, so every write after the read lies above that position, and every write
+        before it at or below the row. Inventing the tick after the row's position instead would
+        give the page the very time the next write in the same second gets, and order that write
+        before the page. This assumes the server's clock is this host's (true for the test server).
         """
         if not self._warned_no_cluster_time:
             compat.warn_no_snapshot_time(self.src.name)
             self._warned_no_cluster_time = True
-        now = pack_cluster_time(cluster_time(self.client))
-        return unpack_cluster_time(max(now, self.durable_lsn + 1))
+        now = cluster_time(self.client)
+        if pack_cluster_time(now) > self.durable_lsn:
+            return now
+        return Timestamp(int(read_at), 0)
 
 
 def request_snapshot(

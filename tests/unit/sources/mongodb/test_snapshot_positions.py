@@ -31,7 +31,7 @@ IDLE = Timestamp(T0, 5)  # the cluster time of the last write; the stream's posi
 class ScriptedServer:
     """`client[db].command("find", ...)` answers from `times` (one atClusterTime per read)."""
 
-    def __init__(self, docs: list[dict[str, Any]], times: list[Timestamp]) -> None:
+    def __init__(self, docs: list[dict[str, Any]], times: list[Timestamp] | None) -> None:
         self.docs, self.times, self.reads = docs, times, 0
 
     def __getitem__(self, name: str) -> Any:
@@ -41,15 +41,17 @@ class ScriptedServer:
         assert name == "find"
         after = kw["filter"].get("_id", {}).get("$gt", -1)
         page = [d for d in self.docs if d["_id"] > after][: kw["limit"]]
-        at = self.times[min(self.reads, len(self.times) - 1)]
         self.reads += 1
+        if self.times is None:  # like mongo-java-server: `readConcern: snapshot` ignored, no atClusterTime
+            return {"cursor": {"firstBatch": page, "id": 0}}
+        at = self.times[min(self.reads - 1, len(self.times) - 1)]
         return {"cursor": {"firstBatch": page, "id": 0, "atClusterTime": at}}
 
     def find_one(self, query: Any, projection: Any, sort: list[tuple[str, int]]) -> dict[str, Any]:
         return min(self.docs, key=lambda d: d["_id"] * sort[0][1])
 
 
-def _snapshot(tmp_path: Path, times: list[Timestamp]) -> tuple[BronzeWriter, MongoSnapshotter, list[int]]:
+def _snapshot(tmp_path: Path, times: list[Timestamp] | None) -> tuple[BronzeWriter, MongoSnapshotter, list[int]]:
     src = MongoSource(kind="mongodb", name="m", uri="mongodb://h", database="shop", snapshot_page_size=2)
     writer = BronzeWriter(tmp_path)
     writer.ensure_tables()
@@ -98,3 +100,44 @@ def test_a_cluster_time_that_never_moves_is_a_clear_error(tmp_path: Path, monkey
     with pytest.raises(snapshot_module.SourceError, match=r"cluster time stayed at .*periodicNoopIntervalSecs"):
         snap.run(lambda: False)
     assert bounds == []  # nothing was appended
+
+
+class WallClock:
+    """`time` for the snapshot module: a wall clock that moves only when slept or read."""
+
+    def __init__(self, start: float, step: float) -> None:
+        self.now, self.step, self.reads_at = start, step, list[float]()
+
+    def time(self) -> float:
+        self.reads_at.append(self.now)
+        self.now += self.step
+        return self.reads_at[-1]
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_a_server_without_snapshot_times_places_pages_between_earlier_and_later_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # mongo-java-server returns no atClusterTime and never moves its cluster time while idle; it
+    # stamps a write (wall-clock second, global counter). The last write was IDLE = (T0, 5) and the
+    # reads begin in that same second, so the next write, whenever it comes after a read, is
+    # stamped (that read's second, 6): each page must lie above the row and below that write.
+    clock = WallClock(T0 + 0.3, 0.25)
+    monkeypatch.setattr(snapshot_module, "time", clock)
+    monkeypatch.setattr(snapshot_module, "cluster_time", lambda client: IDLE)
+    writer, snap, bounds = _snapshot(tmp_path, None)
+    assert snap.run(lambda: False) is True
+    pages = writer.tables.query(
+        "select page_number, max(high_watermark_lsn) as w from t group by page_number order by page_number",
+        t=writer.path(SNAPSHOT_PAGES_TABLE),
+    ).to_pylist()
+    assert len(pages) == 3 and bounds[0] == pack_cluster_time(IDLE)
+    last_read = clock.reads_at[-1]
+    next_write = pack_cluster_time(Timestamp(int(last_read), IDLE.inc + 1))
+    assert all(bound < p["w"] < next_write for bound, p in zip(bounds, pages, strict=True)), (bounds, pages)
+    assert int(clock.reads_at[0]) == T0 < int(last_read)  # the first read, in the idle second, was read again
