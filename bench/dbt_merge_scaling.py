@@ -262,8 +262,14 @@ def step_batch(wh: Path, history: int, batch: int, tables: int, touched: list[in
     _append_events(spark, path, sql, batch)
     # A re-delivered page: the batch's last events again, appended later (silver must keep one copy).
     dup = min(DUPLICATES, batch)
-    sql = event_sql(g0, first=batch - dup, history_keys=inserts_in(history), tables=tables, touched=touched,
-                    ingested_us=now_us + 60_000_000)
+    sql = event_sql(
+        g0,
+        first=batch - dup,
+        history_keys=inserts_in(history),
+        tables=tables,
+        touched=touched,
+        ingested_us=now_us + 60_000_000,
+    )
     _append_events(spark, path, sql, dup)
     last = lsn_of_txn(txn_of(g0 + batch - 1))
     writer.raise_position(WriterPosition(SOURCE, "stream", WriterKind.STREAM, last, last + 56), _started_at())
@@ -327,24 +333,31 @@ def step_verify(wh: Path, history: int, batch: int) -> None:
     if n_current != live.count():
         problems.append(f"record_history has {n_current} current versions, consumer_records {live.count()} live rows")
     keys = ["source", "table_schema", "table_name", "record_pk"]
-    differing = current.join(live, keys, "full_outer").where(
-        ~F.coalesce(current["record"] == live["record"], F.lit(False))
-        | ~F.coalesce(current["valid_from_lsn"] == live["commit_lsn"], F.lit(False))
-        | ~F.coalesce(current["valid_from_index"] == live["commit_index"], F.lit(False))
-    ).count()
+    differing = (
+        current.join(live, keys, "full_outer")
+        .where(
+            ~F.coalesce(current["record"] == live["record"], F.lit(False))
+            | ~F.coalesce(current["valid_from_lsn"] == live["commit_lsn"], F.lit(False))
+            | ~F.coalesce(current["valid_from_index"] == live["commit_index"], F.lit(False))
+        )
+        .count()
+    )
     if differing:
         problems.append(f"{differing} current record_history versions differ from consumer_records")
     # What the incremental models pay to find where they stand: the stored max per source.
     lookups = {
         "sequin_events max position per source": (
             f"select source, max(seq), max_by(commit_lsn, seq), max_by(commit_index, seq) "
-            f"from delta.`{silver / 'sequin_events'}` group by source"),
+            f"from delta.`{silver / 'sequin_events'}` group by source"
+        ),
         "consumer_records max seq per source": (
-            f"select source, max(seq) from delta.`{silver / 'consumer_records'}` group by source"),
+            f"select source, max(seq) from delta.`{silver / 'consumer_records'}` group by source"
+        ),
         "record_history max seq and lsn per source": (
             f"select source, greatest(max(valid_from_seq), max(valid_to_seq)), "
             f"greatest(max(valid_from_lsn), max(valid_to_lsn)) "
-            f"from delta.`{silver / 'record_history'}` group by source"),
+            f"from delta.`{silver / 'record_history'}` group by source"
+        ),
     }
     lookup_secs = {}
     for name, q in lookups.items():
@@ -409,8 +422,13 @@ def run_step(*args: str) -> tuple[float, str]:
 
 def run_dbt(wh: Path, work: Path, label: str, event_log: bool) -> dict[str, Any]:
     target, logs = work / f"target-{label}", work / f"logs-{label}"
-    env = dict(os.environ, CHANGELAKE_WAREHOUSE=str(wh), DBT_PROFILES_DIR=str(ROOT),
-               DBT_TARGET_PATH=str(target), DBT_LOG_PATH=str(logs))
+    env = dict(
+        os.environ,
+        CHANGELAKE_WAREHOUSE=str(wh),
+        DBT_PROFILES_DIR=str(ROOT),
+        DBT_TARGET_PATH=str(target),
+        DBT_LOG_PATH=str(logs),
+    )
     events_dir = work / f"eventlog-{label}"
     if event_log:
         events_dir.mkdir(parents=True, exist_ok=True)
@@ -468,8 +486,11 @@ def dbt_statements(log: Path) -> list[dict[str, Any]]:
 
 def spark_executions(events_dir: Path) -> list[dict[str, Any]]:
     """Per SQL execution of the Spark event log: duration, description and its scans' metrics."""
-    files = [p for p in events_dir.rglob("*") if p.is_file() and not p.name.startswith(".")
-             and not p.name.startswith("appstatus")]
+    files = [
+        p
+        for p in events_dir.rglob("*")
+        if p.is_file() and not p.name.startswith(".") and not p.name.startswith("appstatus")
+    ]
     if not files:
         return []
     plans: dict[int, dict[str, Any]] = {}
@@ -501,14 +522,16 @@ def spark_executions(events_dir: Path) -> list[dict[str, Any]]:
         scans: list[dict[str, Any]] = []
         _collect_scans(plan, acc, scans)
         begun = datetime.fromtimestamp(start[xid] / 1000)
-        out.append({
-            "id": xid,
-            "root": root.get(xid, xid),
-            "start": begun.hour * 3600 + begun.minute * 60 + begun.second + begun.microsecond / 1e6,
-            "seconds": (end.get(xid, start[xid]) - start[xid]) / 1000,
-            "description": " ".join(desc.get(xid, "").split())[:150],
-            "scans": scans,
-        })
+        out.append(
+            {
+                "id": xid,
+                "root": root.get(xid, xid),
+                "start": begun.hour * 3600 + begun.minute * 60 + begun.second + begun.microsecond / 1e6,
+                "seconds": (end.get(xid, start[xid]) - start[xid]) / 1000,
+                "description": " ".join(desc.get(xid, "").split())[:150],
+                "scans": scans,
+            }
+        )
     return out
 
 
@@ -518,14 +541,16 @@ def _collect_scans(node: dict[str, Any], acc: dict[int, int], scans: list[dict[s
         metrics = {m["name"]: acc.get(m["accumulatorId"], 0) for m in node.get("metrics", [])}
         table = re.search(r"(?:FileScan \w+ |Scan \w+ )(\S+?)\[", simple)
         meta = node.get("metadata", {})
-        scans.append({
-            "table": table.group(1) if table else (meta.get("Location", "")[-60:] or simple[:60]),
-            "rows": metrics.get("number of output rows", 0),
-            "files": metrics.get("number of files read", 0),
-            "bytes": metrics.get("size of files read", 0),
-            "partition_filters": meta.get("PartitionFilters", ""),
-            "pushed_filters": meta.get("PushedFilters", ""),
-        })
+        scans.append(
+            {
+                "table": table.group(1) if table else (meta.get("Location", "")[-60:] or simple[:60]),
+                "rows": metrics.get("number of output rows", 0),
+                "files": metrics.get("number of files read", 0),
+                "bytes": metrics.get("size of files read", 0),
+                "partition_filters": meta.get("PartitionFilters", ""),
+                "pushed_filters": meta.get("PushedFilters", ""),
+            }
+        )
     for child in node.get("children", []):
         _collect_scans(child, acc, scans)
 
@@ -548,8 +573,10 @@ def main() -> None:
 
     print("command: " + shlex.join([os.path.relpath(PY, ROOT), os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]))
     print("measured step: `dbt run --select silver` (models only; tests excluded), one dbt process at a time")
-    print(f"batch: {args.batch:,} events on tables {', '.join(f't{t}' for t in touched)} of {args.tables}"
-          f" (+{min(DUPLICATES, args.batch):,} re-delivered duplicates); cores: {os.cpu_count()}")
+    print(
+        f"batch: {args.batch:,} events on tables {', '.join(f't{t}' for t in touched)} of {args.tables}"
+        f" (+{min(DUPLICATES, args.batch):,} re-delivered duplicates); cores: {os.cpu_count()}"
+    )
     sys.stdout.flush()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="changelake-merge-bench-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -572,8 +599,9 @@ def main() -> None:
             want = expected(history, args.batch)
             quick_check(wh, want["history_events"], want["history_keys"], "history build")
             shutil.copytree(wh / "dbt" / "silver.db", hw / "silver-after-history")
-            r["gen_batch"], _ = run_step("batch", str(wh), str(history), str(args.batch), str(args.tables),
-                                         ",".join(map(str, touched)))
+            r["gen_batch"], _ = run_step(
+                "batch", str(wh), str(history), str(args.batch), str(args.tables), ",".join(map(str, touched))
+            )
             print(f"[H={history:,}] batch appended to bronze in {r['gen_batch']:.0f}s", flush=True)
         # Phase 2: the measured incremental runs, interleaved across sizes so that a change in the
         # machine's load (other processes) hits every size alike; silver is put back between repeats.
@@ -639,10 +667,15 @@ def quick_check(wh: Path, events: int, keys: int, what: str) -> dict[str, Any]:
     n_events, max_seq = delta_stats(silver / "sequin_events")
     n_keys, max_seq_records = delta_stats(silver / "consumer_records")
     if (n_events, max_seq, n_keys, max_seq_records) != (events, events, keys, events):
-        raise SystemExit(f"{what} is wrong: sequin_events {n_events} rows (max seq {max_seq}), expected {events};"
-                         f" consumer_records {n_keys} rows (max seq {max_seq_records}), expected {keys}")
-    return {"merge": last_commit(silver / "consumer_records"), "append": last_commit(silver / "sequin_events"),
-            "history": last_commit(silver / "record_history")}
+        raise SystemExit(
+            f"{what} is wrong: sequin_events {n_events} rows (max seq {max_seq}), expected {events};"
+            f" consumer_records {n_keys} rows (max seq {max_seq_records}), expected {keys}"
+        )
+    return {
+        "merge": last_commit(silver / "consumer_records"),
+        "append": last_commit(silver / "sequin_events"),
+        "history": last_commit(silver / "record_history"),
+    }
 
 
 def merged(run: dict[str, Any]) -> dict[str, Any]:
@@ -658,27 +691,49 @@ def report_one(r: dict[str, Any]) -> None:
     h, v = r["history"], r["verify"]
     n, incr = fastest(r)
     print(f"\n--- H={h:,}: details of incremental run {n} (the fastest of {len(r['incr'])})")
-    print(f"verified after run 1: sequin_events {v['sequin_events']:,} rows, consumer_records "
-          f"{v['consumer_records']:,} rows ({v['deleted']:,} deleted), {v['checked_keys']:,} batch-touched keys "
-          "hold their last batch event; repeats: same row counts, max seq and MERGE row counts")
-    print(f"record_history after run 1: {v.get('record_history', 0):,} versions, "
-          f"{v.get('current_versions', 0):,} current (= the live consumer_records rows, same record and position)")
-    print("stored-max lookups run alone (warm, in the verify session): "
-          + ", ".join(f"{k} {secs:.1f}s" for k, secs in v.get("lookups", {}).items()))
-    for name, c in (("consumer_records MERGE", incr["commits"]["merge"]),
-                    ("sequin_events append", incr["commits"]["append"]),
-                    ("record_history MERGE", incr["commits"]["history"])):
+    print(
+        f"verified after run 1: sequin_events {v['sequin_events']:,} rows, consumer_records "
+        f"{v['consumer_records']:,} rows ({v['deleted']:,} deleted), {v['checked_keys']:,} batch-touched keys "
+        "hold their last batch event; repeats: same row counts, max seq and MERGE row counts"
+    )
+    print(
+        f"record_history after run 1: {v.get('record_history', 0):,} versions, "
+        f"{v.get('current_versions', 0):,} current (= the live consumer_records rows, same record and position)"
+    )
+    print(
+        "stored-max lookups run alone (warm, in the verify session): "
+        + ", ".join(f"{k} {secs:.1f}s" for k, secs in v.get("lookups", {}).items())
+    )
+    for name, c in (
+        ("consumer_records MERGE", incr["commits"]["merge"]),
+        ("sequin_events append", incr["commits"]["append"]),
+        ("record_history MERGE", incr["commits"]["history"]),
+    ):
         m = c["metrics"]
-        keep = ["numSourceRows", "numTargetRowsInserted", "numTargetRowsUpdated", "numTargetRowsCopied",
-                "numTargetFilesAdded", "numTargetFilesRemoved", "executionTimeMs", "scanTimeMs",
-                "rewriteTimeMs", "numOutputRows", "numFiles"]
+        keep = [
+            "numSourceRows",
+            "numTargetRowsInserted",
+            "numTargetRowsUpdated",
+            "numTargetRowsCopied",
+            "numTargetFilesAdded",
+            "numTargetFilesRemoved",
+            "executionTimeMs",
+            "scanTimeMs",
+            "rewriteTimeMs",
+            "numOutputRows",
+            "numFiles",
+        ]
         shown = ", ".join(f"{k}={m[k]}" for k in keep if k in m)
         print(f"{name} (v{c['version']} {c['operation']}): {shown}")
-        print(f"  files added by partition {c['files_added_by_partition']}, "
-              f"removed {c['files_removed_by_partition']}; {c['parquet_files_on_disk']} parquet files on disk")
-    print("model times (run_results.json): "
-          + ", ".join(f"{k} {secs:.1f}s" for k, secs in incr["models"].items())
-          + f"; dbt elapsed {incr['dbt_elapsed'] or 0:.1f}s, process wall {incr['wall']:.1f}s")
+        print(
+            f"  files added by partition {c['files_added_by_partition']}, "
+            f"removed {c['files_removed_by_partition']}; {c['parquet_files_on_disk']} parquet files on disk"
+        )
+    print(
+        "model times (run_results.json): "
+        + ", ".join(f"{k} {secs:.1f}s" for k, secs in incr["models"].items())
+        + f"; dbt elapsed {incr['dbt_elapsed'] or 0:.1f}s, process wall {incr['wall']:.1f}s"
+    )
     statements = incr["statements"]
     print("slowest dbt statements: dbt's time (dbt.log), the time of their Spark executions and the rows their")
     print("scans read (event log; a SELECT run by a macro is lazy, so dbt's own time misses its Spark work):")
@@ -688,8 +743,9 @@ def report_one(r: dict[str, Any]) -> None:
     for x in incr["spark"]:
         # dbt-spark's session cursor runs a SELECT lazily: its Spark work starts right after dbt logged
         # the statement as done, so an execution belongs to the last statement started before it.
-        owner = max((st for st in statements if st["start"] - 0.5 <= x["start"]), key=lambda st: st["start"],
-                    default=None)
+        owner = max(
+            (st for st in statements if st["start"] - 0.5 <= x["start"]), key=lambda st: st["start"], default=None
+        )
         x["statement"] = f"{owner['node']}: {owner['sql'][:60]}" if owner else "?"
         if owner is not None and x["root"] == x["id"]:
             owner["spark"] += x["seconds"]
@@ -706,11 +762,14 @@ def report_one(r: dict[str, Any]) -> None:
     if slow:
         print("slowest Spark SQL executions (event log) with their scans:")
     for x in slow:
-        print(f"  {x['seconds']:7.1f}s  exec {x['id']} (root {x['root']}) in [{x['statement']}]: "
-              f"{x['description'][:70]}")
+        print(
+            f"  {x['seconds']:7.1f}s  exec {x['id']} (root {x['root']}) in [{x['statement']}]: {x['description'][:70]}"
+        )
         for sc in x["scans"]:
-            print(f"           scan {sc['table'][-40:]:40s} rows={sc['rows']:>11,} files={sc['files']:>5} "
-                  f"bytes={sc['bytes']:>13,}")
+            print(
+                f"           scan {sc['table'][-40:]:40s} rows={sc['rows']:>11,} files={sc['files']:>5} "
+                f"bytes={sc['bytes']:>13,}"
+            )
             if "dynamicpruning" in sc["partition_filters"]:
                 print(f"             PartitionFilters {sc['partition_filters'][:140]}")
     sys.stdout.flush()
@@ -721,20 +780,26 @@ def report(rows: list[dict[str, Any]]) -> None:
     if not rows:
         return
     print("\n=== dbt merge scaling: `dbt run --select silver`, seconds (models: dbt's execution_time)")
-    print(f"{'history':>12} {'gen bronze':>10} {'hist run':>9} {'incr runs (wall)':>22} {'best':>7} "
-          f"{'sequin_events':>13} {'consumer_recs':>13} {'record_hist':>11} {'safe_bounds':>11} {'table_cols':>10}")
+    print(
+        f"{'history':>12} {'gen bronze':>10} {'hist run':>9} {'incr runs (wall)':>22} {'best':>7} "
+        f"{'sequin_events':>13} {'consumer_recs':>13} {'record_hist':>11} {'safe_bounds':>11} {'table_cols':>10}"
+    )
     for r in rows:
         _, best = fastest(r)
         m = best["models"]
         runs = " ".join(f"{x['wall']:.1f}" for x in r["incr"])
-        print(f"{r['history']:>12,} {r['gen_history']:>10.1f} {r['build']['wall']:>9.1f} {runs:>22} "
-              f"{best['wall']:>7.1f} {m.get('sequin_events', 0):>13.1f} {m.get('consumer_records', 0):>13.1f} "
-              f"{m.get('record_history', 0):>11.1f} {m.get('safe_bounds', 0):>11.1f} "
-              f"{m.get('table_columns', 0):>10.1f}")
+        print(
+            f"{r['history']:>12,} {r['gen_history']:>10.1f} {r['build']['wall']:>9.1f} {runs:>22} "
+            f"{best['wall']:>7.1f} {m.get('sequin_events', 0):>13.1f} {m.get('consumer_records', 0):>13.1f} "
+            f"{m.get('record_history', 0):>11.1f} {m.get('safe_bounds', 0):>11.1f} "
+            f"{m.get('table_columns', 0):>10.1f}"
+        )
     for r in rows:
         b = r["build"]["models"]
-        print(f"history build H={r['history']:,}: sequin_events {b.get('sequin_events', 0):.1f}s, "
-              f"consumer_records {b.get('consumer_records', 0):.1f}s, record_history {b.get('record_history', 0):.1f}s")
+        print(
+            f"history build H={r['history']:,}: sequin_events {b.get('sequin_events', 0):.1f}s, "
+            f"consumer_records {b.get('consumer_records', 0):.1f}s, record_history {b.get('record_history', 0):.1f}s"
+        )
     if len(rows) > 1:
         lo, hi = rows[0], rows[-1]
         _, a = fastest(lo)
@@ -744,17 +809,21 @@ def report(rows: list[dict[str, Any]]) -> None:
             return f"{f(b) / f(a):.2f}" if f(a) else "-"
 
         pairs = " ".join(f"{y['wall'] / x['wall']:.2f}" for x, y in zip(lo["incr"], hi["incr"], strict=True))
-        print(f"\nratio incremental(H={hi['history']:,}) / incremental(H={lo['history']:,}), best runs:"
-              f" wall {ratio(lambda x: x['wall'])}"
-              f", sequin_events {ratio(lambda x: x['models'].get('sequin_events', 0))}"
-              f", consumer_records {ratio(lambda x: x['models'].get('consumer_records', 0))}"
-              f"   (goal <= 1.3); wall ratio per repeat: {pairs}")
+        print(
+            f"\nratio incremental(H={hi['history']:,}) / incremental(H={lo['history']:,}), best runs:"
+            f" wall {ratio(lambda x: x['wall'])}"
+            f", sequin_events {ratio(lambda x: x['models'].get('sequin_events', 0))}"
+            f", consumer_records {ratio(lambda x: x['models'].get('consumer_records', 0))}"
+            f"   (goal <= 1.3); wall ratio per repeat: {pairs}"
+        )
         hist_lo = [x["models"].get("record_history", 0) for x in lo["incr"]]
         hist_hi = [x["models"].get("record_history", 0) for x in hi["incr"]]
         per_repeat = " ".join(f"{y / x:.2f}" for x, y in zip(hist_lo, hist_hi, strict=True) if x)
-        print(f"record_history incremental (issue 15): H={lo['history']:,} {min(hist_lo):.1f}s, "
-              f"H={hi['history']:,} {min(hist_hi):.1f}s, ratio {min(hist_hi) / min(hist_lo):.2f} (best runs; "
-              f"goal <= 1.3); per repeat: {per_repeat}")
+        print(
+            f"record_history incremental (issue 15): H={lo['history']:,} {min(hist_lo):.1f}s, "
+            f"H={hi['history']:,} {min(hist_hi):.1f}s, ratio {min(hist_hi) / min(hist_lo):.2f} (best runs; "
+            f"goal <= 1.3); per repeat: {per_repeat}"
+        )
 
 
 def step_main(argv: list[str]) -> None:

@@ -48,26 +48,41 @@ _spec.loader.exec_module(scaling)
 def run_build(wh: Path, work: Path, label: str, args: list[str]) -> dict[str, Any]:
     """One dbt process on warehouse `wh`: its wall time, dbt's elapsed time and per-node times."""
     target, logs = work / f"target-{label}", work / f"logs-{label}"
-    env = dict(os.environ, PWD=str(ROOT), CHANGELAKE_WAREHOUSE=str(wh), DBT_PROFILES_DIR=str(ROOT),
-               DBT_TARGET_PATH=str(target), DBT_LOG_PATH=str(logs))
+    env = dict(
+        os.environ,
+        PWD=str(ROOT),
+        CHANGELAKE_WAREHOUSE=str(wh),
+        DBT_PROFILES_DIR=str(ROOT),
+        DBT_TARGET_PATH=str(target),
+        DBT_LOG_PATH=str(logs),
+    )
     t0 = time.monotonic()
-    r = subprocess.run([str(DBT), *args, "--project-dir", str(ROOT)], env=env, cwd=ROOT, capture_output=True,
-                       text=True)
+    r = subprocess.run([str(DBT), *args, "--project-dir", str(ROOT)], env=env, cwd=ROOT, capture_output=True, text=True)
     wall = time.monotonic() - t0
     results_file = target / "run_results.json"
     results = json.loads(results_file.read_text()) if results_file.exists() else {"results": []}
     # A failing data test is reported, not fatal: the timing still holds; an erroring node is fatal.
-    failed = [f"{res['unique_id']} ({res['status']})" for res in results["results"]
-              if res["status"] in ("fail", "warn", "skipped")]
-    broken = [res["unique_id"] for res in results["results"] if res["status"] not in ("success", "pass", "fail", "warn",
-                                                                                      "skipped")]
+    failed = [
+        f"{res['unique_id']} ({res['status']})"
+        for res in results["results"]
+        if res["status"] in ("fail", "warn", "skipped")
+    ]
+    broken = [
+        res["unique_id"]
+        for res in results["results"]
+        if res["status"] not in ("success", "pass", "fail", "warn", "skipped")
+    ]
     if r.returncode != 0 and (broken or not failed):
         raise SystemExit(f"dbt ({label}) failed after {wall:.0f}s:\n{r.stdout[-6000:]}\n{r.stderr[-3000:]}")
     for node in failed:
         print(f"  [{label}] WARNING: {node}", flush=True)
     nodes = {res["unique_id"]: (res["execution_time"], res.get("message") or "") for res in results["results"]}
-    return {"wall": wall, "elapsed": results.get("elapsed_time") or 0.0, "nodes": nodes,
-            "first_node_s": first_node_delay(logs / "dbt.log")}
+    return {
+        "wall": wall,
+        "elapsed": results.get("elapsed_time") or 0.0,
+        "nodes": nodes,
+        "first_node_s": first_node_delay(logs / "dbt.log"),
+    }
 
 
 def first_node_delay(log: Path) -> float | None:
@@ -90,9 +105,11 @@ def summary(run: dict[str, Any]) -> str:
     tests = [v[0] for k, v in run["nodes"].items() if k.startswith("test.")]
     skipped = sorted(k for k, (_, msg) in models.items() if msg.startswith("skipped"))
     shown = ", ".join(f"{k} {secs:.1f}s" for k, (secs, _) in sorted(models.items(), key=lambda x: -x[1][0])[:6])
-    return (f"wall {run['wall']:.1f}s (before the first node {run['first_node_s'] or 0:.1f}s, dbt elapsed "
-            f"{run['elapsed']:.1f}s); {len(tests)} data tests {sum(tests):.1f}s; slowest models: {shown}; "
-            f"skipped: {', '.join(skipped) or 'none'}")
+    return (
+        f"wall {run['wall']:.1f}s (before the first node {run['first_node_s'] or 0:.1f}s, dbt elapsed "
+        f"{run['elapsed']:.1f}s); {len(tests)} data tests {sum(tests):.1f}s; slowest models: {shown}; "
+        f"skipped: {', '.join(skipped) or 'none'}"
+    )
 
 
 def main() -> None:
@@ -110,8 +127,11 @@ def main() -> None:
     step = args.tables // args.touched_tables
     touched = sorted((3 + i * step) % args.tables for i in range(args.touched_tables))
     print("command: " + shlex.join([os.path.relpath(PY, ROOT), os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]))
-    print(f"measured: `dbt {' '.join(BUILD)}` (wall of the dbt process); batch {args.batch:,} events on "
-          f"{args.touched_tables} of {args.tables} tables; cores: {os.cpu_count()}", flush=True)
+    print(
+        f"measured: `dbt {' '.join(BUILD)}` (wall of the dbt process); batch {args.batch:,} events on "
+        f"{args.touched_tables} of {args.tables} tables; cores: {os.cpu_count()}",
+        flush=True,
+    )
     work = args.workdir or Path(tempfile.mkdtemp(prefix="changelake-noop-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
@@ -124,15 +144,18 @@ def main() -> None:
             r: dict[str, Any] = {"history": history}
             r["gen_history"], _ = scaling.run_step("history", str(wh), str(history), str(args.tables))
             r["build"] = run_build(wh, hw, "history", ["run"])
-            print(f"[H={history:,}] bronze {r['gen_history']:.0f}s; dbt run of the history {r['build']['wall']:.0f}s",
-                  flush=True)
+            print(
+                f"[H={history:,}] bronze {r['gen_history']:.0f}s; dbt run of the history {r['build']['wall']:.0f}s",
+                flush=True,
+            )
             want = scaling.expected(history, args.batch)
             scaling.quick_check(wh, want["history_events"], want["history_keys"], "history build")
             r["noop"] = [run_build(wh, hw, f"noop-{i + 1}", BUILD) for i in range(args.repeat)]
             for i, run in enumerate(r["noop"], 1):
                 print(f"[H={history:,}] no-op build {i}: {summary(run)}", flush=True)
-            scaling.run_step("batch", str(wh), str(history), str(args.batch), str(args.tables),
-                             ",".join(map(str, touched)))
+            scaling.run_step(
+                "batch", str(wh), str(history), str(args.batch), str(args.tables), ",".join(map(str, touched))
+            )
             r["batch"] = run_build(wh, hw, "batch", BUILD)
             scaling.quick_check(wh, want["events"], want["keys"], "batch build")
             print(f"[H={history:,}] batch build: {summary(r['batch'])}", flush=True)
@@ -148,17 +171,23 @@ def main() -> None:
     for r in rows:
         noop = min(x["wall"] for x in r["noop"])
         walls = ", ".join(f"{x['wall']:.1f}s" for x in r["noop"])
-        print(f"H={r['history']:,}: no-op builds {walls} (best {noop:.1f}s); {args.batch:,}-event build "
-              f"{r['batch']['wall']:.1f}s")
+        print(
+            f"H={r['history']:,}: no-op builds {walls} (best {noop:.1f}s); {args.batch:,}-event build "
+            f"{r['batch']['wall']:.1f}s"
+        )
     lo = rows[0]
     noop, batch = min(x["wall"] for x in lo["noop"]), lo["batch"]["wall"]
-    print(f"P2b no-op dbt build {noop:.1f}s, {args.batch:,}-event dbt build {batch:.1f}s, ratio {noop / batch:.2f} "
-          f"(goal <= 0.2; H={lo['history']:,})")
+    print(
+        f"P2b no-op dbt build {noop:.1f}s, {args.batch:,}-event dbt build {batch:.1f}s, ratio {noop / batch:.2f} "
+        f"(goal <= 0.2; H={lo['history']:,})"
+    )
     if len(rows) > 1:
         hi = rows[-1]
         hi_noop = min(x["wall"] for x in hi["noop"])
-        print(f"P2b history no-op(H={hi['history']:,}) {hi_noop:.1f}s / no-op(H={lo['history']:,}) {noop:.1f}s "
-              f"= {hi_noop / noop:.2f} (goal <= 1.1)")
+        print(
+            f"P2b history no-op(H={hi['history']:,}) {hi_noop:.1f}s / no-op(H={lo['history']:,}) {noop:.1f}s "
+            f"= {hi_noop / noop:.2f} (goal <= 1.1)"
+        )
 
 
 if __name__ == "__main__":

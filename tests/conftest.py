@@ -45,8 +45,6 @@ def warehouse(tmp_path: Path) -> Path:
     return tmp_path / "warehouse"
 
 
-
-
 # The suite runs on two pytest-xdist workers (scripts/test.sh: `-n 2`). Every module whose tests
 # start Spark or dbt (a JVM with `local[2]`: the machine has 2 cores) belongs to one scope, which
 # one worker runs in order and first; the other worker takes the PostgreSQL, MongoDB and unit

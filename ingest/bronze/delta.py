@@ -64,9 +64,7 @@ class DeltaTables:
             dt.update_incremental()
         return dt
 
-    def create(
-        self, uri: str, schema: pa.Schema, partition_by: tuple[str, ...], properties: Mapping[str, str]
-    ) -> bool:
+    def create(self, uri: str, schema: pa.Schema, partition_by: tuple[str, ...], properties: Mapping[str, str]) -> bool:
         """Create the table at `uri` unless it exists; True if this call created it.
 
         Safe against a concurrent creator: whoever loses the race finds the winner's table.

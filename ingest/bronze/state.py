@@ -190,7 +190,6 @@ class BronzeState:
             raise BronzeWriteError(f"reading {self.path(t)} failed: {e}") from e
 
 
-
 def sql_str(s: str) -> str:
     """`s` as a SQL string literal (DataFusion: standard quoting, a quote doubled)."""
     return "'" + s.replace("'", "''") + "'"

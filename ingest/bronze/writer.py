@@ -112,7 +112,6 @@ class BronzeWriter(BronzeState):
         super().__init__(warehouse, storage_options)
         self._commits_since_upkeep: dict[str, int] = {}
 
-
     def ensure_tables(self) -> None:
         """Create each bronze table that does not exist yet (safe against a concurrent creator).
 

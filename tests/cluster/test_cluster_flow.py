@@ -110,14 +110,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     )
     try:
         t0 = time.monotonic()
-        up = subprocess.run(["bash", str(CLUSTER_SH), "up"], env=env, capture_output=True, text=True,
-                            timeout=UP_TIMEOUT_S)
+        up = subprocess.run(
+            ["bash", str(CLUSTER_SH), "up"], env=env, capture_output=True, text=True, timeout=UP_TIMEOUT_S
+        )
         assert up.returncode == 0, f"cluster.sh up failed:\n{up.stderr[-4000:]}"
         print(f"cluster up in {time.monotonic() - t0:.1f} s")
         yield c
     finally:
-        down = subprocess.run(["bash", str(CLUSTER_SH), "down"], env=env, capture_output=True, text=True,
-                              timeout=DOWN_TIMEOUT_S)
+        down = subprocess.run(
+            ["bash", str(CLUSTER_SH), "down"], env=env, capture_output=True, text=True, timeout=DOWN_TIMEOUT_S
+        )
         assert down.returncode == 0, f"cluster.sh down failed:\n{down.stderr[-4000:]}"
         for pid_file in c.state.glob("*.pid"):  # down removes each PID file once its daemon is gone
             raise AssertionError(f"{pid_file.name} left behind by cluster.sh down")
@@ -133,16 +135,29 @@ def cluster_config(c: Cluster, s: Any, path: Path) -> Path:
 
 def run_ingest(c: Cluster, cfg: Path) -> None:
     """`changelake-ingest run --once` in its own process, as a scheduler runs it."""
-    r = subprocess.run([sys.executable, "-m", "ingest", "-c", str(cfg), "run", "--once"], cwd=ROOT, env=c.env,
-                       capture_output=True, text=True, timeout=STEP_TIMEOUT_S)
+    r = subprocess.run(
+        [sys.executable, "-m", "ingest", "-c", str(cfg), "run", "--once"],
+        cwd=ROOT,
+        env=c.env,
+        capture_output=True,
+        text=True,
+        timeout=STEP_TIMEOUT_S,
+    )
     assert r.returncode == 0, f"ingest failed:\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
 
 
 def dbt_cluster(c: Cluster, tmp: Path, *args: str) -> str:
-    env = dict(c.env, DBT_PROFILES_DIR=str(ROOT), DBT_TARGET_PATH=str(tmp / "dbt-target"),
-               DBT_LOG_PATH=str(tmp / "dbt-logs"))
-    r = subprocess.run([str(DBT), *args, "--target", "cluster", "--project-dir", str(ROOT)], env=env, cwd=ROOT,
-                       capture_output=True, text=True, timeout=STEP_TIMEOUT_S)
+    env = dict(
+        c.env, DBT_PROFILES_DIR=str(ROOT), DBT_TARGET_PATH=str(tmp / "dbt-target"), DBT_LOG_PATH=str(tmp / "dbt-logs")
+    )
+    r = subprocess.run(
+        [str(DBT), *args, "--target", "cluster", "--project-dir", str(ROOT)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=STEP_TIMEOUT_S,
+    )
     assert r.returncode == 0, f"dbt {' '.join(args)} --target cluster failed:\n{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
     return r.stdout
 
@@ -208,12 +223,10 @@ def test_ingest_and_dbt_build_on_the_cluster(cluster: Cluster, tmp_path: Path, m
         f"where source = '{s.name}' and action != 'message' order by commit_lsn, commit_index"
     )
     records = c.query(
-        "select source, table_name, record_pk, record, deleted from silver.consumer_records "
-        f"where source = '{s.name}'"
+        f"select source, table_name, record_pk, record, deleted from silver.consumer_records where source = '{s.name}'"
     )
     pages = c.query(
-        "select table_name, record_pk from bronze.snapshot_pages "
-        f"where source = '{s.name}' and record_pk is not null"
+        f"select table_name, record_pk from bronze.snapshot_pages where source = '{s.name}' and record_pk is not null"
     )
     assert pages, "the initial snapshot wrote no page rows"
     assert_records_match_source(records, bronze, s, pages)

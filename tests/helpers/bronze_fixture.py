@@ -25,21 +25,49 @@ NOW = dt.datetime(2026, 1, 1, 12, 0, 0)
 SOURCE = "shop"
 
 
-def ev(lsn: int, idx: int, action: str, table: str | None, pk: dict | None, record: dict | None,
-       *, old_pk: dict | None = None, old: dict | None = None, toast: list[str] | None = None,
-       truncated: list[str] | None = None) -> tuple:
+def ev(
+    lsn: int,
+    idx: int,
+    action: str,
+    table: str | None,
+    pk: dict | None,
+    record: dict | None,
+    *,
+    old_pk: dict | None = None,
+    old: dict | None = None,
+    toast: list[str] | None = None,
+    truncated: list[str] | None = None,
+) -> tuple:
     """One wal_events row; JSON in the contract's compact encoding."""
+
     def js(value: dict | None) -> str | None:
         return None if value is None else json.dumps(value, separators=(",", ":"))
 
     ts = NOW + dt.timedelta(seconds=lsn)
     return (
-        SOURCE, "postgres", lsn, idx, lsn + 1, 1000 + lsn, ts, action,
-        None if table is None else "public", table, None if table is None else 16384,
-        js(pk), js(old_pk), js(record), js(old), toast or [], truncated, None,
+        SOURCE,
+        "postgres",
+        lsn,
+        idx,
+        lsn + 1,
+        1000 + lsn,
+        ts,
+        action,
+        None if table is None else "public",
+        table,
+        None if table is None else 16384,
+        js(pk),
+        js(old_pk),
+        js(record),
+        js(old),
+        toast or [],
+        truncated,
+        None,
         "changelake.heartbeat" if action == "message" else None,
-        "{}" if action == "message" else None, False if action == "message" else None,
-        "stream", NOW + dt.timedelta(seconds=lsn + 5),
+        "{}" if action == "message" else None,
+        False if action == "message" else None,
+        "stream",
+        NOW + dt.timedelta(seconds=lsn + 5),
     )
 
 
@@ -48,8 +76,7 @@ def customer(i: int, name: str, email: str = "x@example.com") -> dict:
 
 
 def order(i: int, amount: str, status: str, note: str | None = "n") -> dict:
-    rec = {"id": i, "customer_id": 1, "amount": amount, "status": status,
-           "updated_at": "2026-01-01 10:00:00.5+00"}
+    rec = {"id": i, "customer_id": 1, "amount": amount, "status": status, "updated_at": "2026-01-01 10:00:00.5+00"}
     if note is not None:
         rec["note"] = note
     return rec
@@ -61,12 +88,26 @@ PHASES = {
         ev(100, 1, "insert", "customers", {"id": 2}, customer(2, "Bob")),
         ev(110, 0, "message", None, None, None),
         ev(120, 0, "insert", "orders", {"id": 10}, order(10, "12.50", "new", "big text")),
-        ev(120, 1, "update", "orders", {"id": 10}, order(10, "12.50", "paid", "big text"),
-           old={"id": 10, "customer_id": 1, "amount": "12.50", "status": "new"}),
+        ev(
+            120,
+            1,
+            "update",
+            "orders",
+            {"id": 10},
+            order(10, "12.50", "paid", "big text"),
+            old={"id": 10, "customer_id": 1, "amount": "12.50", "status": "new"},
+        ),
         ev(120, 2, "update", "orders", {"id": 10}, order(10, "13.00", "paid", "big text")),
         # re-delivered duplicate of the first update
-        ev(120, 1, "update", "orders", {"id": 10}, order(10, "12.50", "paid", "big text"),
-           old={"id": 10, "customer_id": 1, "amount": "12.50", "status": "new"}),
+        ev(
+            120,
+            1,
+            "update",
+            "orders",
+            {"id": 10},
+            order(10, "12.50", "paid", "big text"),
+            old={"id": 10, "customer_id": 1, "amount": "12.50", "status": "new"},
+        ),
         ev(130, 0, "update", "customers", {"id": 2}, customer(2, "Bob", "bob@example.com")),
         ev(130, 1, "delete", "customers", {"id": 2}, None, old={"id": 2}),
         # above the safe bound in phase 1 (the snapshot writer is at 140)
@@ -103,14 +144,20 @@ def relations() -> list[tuple]:
     def col(name: str, oid: int, type_name: str, json_kind: str, pk: int | None = None, typmod: int = -1) -> tuple:
         return (name, oid, type_name, typmod, pk is not None, pk, json_kind)
 
-    customers = [col("id", 20, "bigint", "int", 1), col("name", 25, "text", "text"),
-                 col("email", 25, "text", "text"),
-                 col("created_at", 1184, "timestamp with time zone", "temporal")]
-    orders = [col("id", 20, "bigint", "int", 1), col("customer_id", 20, "bigint", "int"),
-              col("amount", 1700, "numeric(12,2)", "numeric", typmod=(12 << 16 | 2) + 4),
-              col("status", 25, "text", "text"),
-              col("updated_at", 1184, "timestamp with time zone", "temporal"),
-              col("note", 25, "text", "text")]
+    customers = [
+        col("id", 20, "bigint", "int", 1),
+        col("name", 25, "text", "text"),
+        col("email", 25, "text", "text"),
+        col("created_at", 1184, "timestamp with time zone", "temporal"),
+    ]
+    orders = [
+        col("id", 20, "bigint", "int", 1),
+        col("customer_id", 20, "bigint", "int"),
+        col("amount", 1700, "numeric(12,2)", "numeric", typmod=(12 << 16 | 2) + 4),
+        col("status", 25, "text", "text"),
+        col("updated_at", 1184, "timestamp with time zone", "temporal"),
+        col("note", 25, "text", "text"),
+    ]
     return [
         (SOURCE, 16384, "public", "customers", "d", customers, "h1", 100, NOW),
         (SOURCE, 16385, "public", "orders", "d", orders[:-1], "h2", 120, NOW),

@@ -15,6 +15,8 @@ TABLES = """
 create table accounts (id int primary key, owner text, balance numeric(12, 2), notes text);
 create table lines (account_id int, line_no int, amount int, primary key (account_id, line_no));
 """
+
+
 def workload(s: Any, rnd: random.Random, ids: list[int], truncate_lines: bool) -> None:
     for _ in range(40):
         with s.conn.transaction():
@@ -22,8 +24,10 @@ def workload(s: Any, rnd: random.Random, ids: list[int], truncate_lines: bool) -
                 op = rnd.random()
                 if op < 0.45 or not ids:
                     new = (max(ids) if ids else 0) + 1
-                    s.execute("insert into accounts values (%s, %s, %s, %s)",
-                              (new, f"o{new}", f"{rnd.uniform(0, 1000):.2f}", "n" * rnd.randint(0, 20)))
+                    s.execute(
+                        "insert into accounts values (%s, %s, %s, %s)",
+                        (new, f"o{new}", f"{rnd.uniform(0, 1000):.2f}", "n" * rnd.randint(0, 20)),
+                    )
                     s.execute("insert into lines values (%s, 1, %s)", (new, rnd.randint(1, 99)))
                     ids.append(new)
                 elif op < 0.75:
@@ -62,8 +66,11 @@ def assert_records_match_source(recs: list[Any], bronze: list[Any], s: Any, page
     seen |= {(e.table_name, e.old_record_pk) for e in bronze if e.old_record_pk}
     seen |= {(p.table_name, p.record_pk) for p in pages if p.record_pk}
     for table, pk in (("accounts", ["id"]), ("lines", ["account_id", "line_no"])):
-        live = {r.record_pk: json.loads(r.record) for r in recs
-                if r.source == s.name and r.table_name == table and not r.deleted}
+        live = {
+            r.record_pk: json.loads(r.record)
+            for r in recs
+            if r.source == s.name and r.table_name == table and not r.deleted
+        }
         expected = source_rows(s, table, pk)
         assert live == expected, f"seed {SEED}: {table} differs"
         deleted = {r.record_pk for r in recs if r.source == s.name and r.table_name == table and r.deleted}
@@ -79,8 +86,6 @@ def assert_event_log_matches_bronze(events: list[Any], bronze: list[Any], s: Any
     assert positions == [(e.commit_lsn, e.commit_index) for e in bronze]
 
 
-
-
 def live_state(recs: list[Any]) -> dict[tuple[str, str, str, str], str]:
     """The live consumer_records rows (or as_of / history rows) as {(source, schema, table, pk): record}."""
     return {
@@ -93,7 +98,8 @@ def live_state(recs: list[Any]) -> dict[tuple[str, str, str, str], str]:
 def history_at(history: list[Any], positions: dict[str, int]) -> dict[tuple[str, str, str, str], str]:
     """The record_history versions live at each source's commit_lsn in `positions` (as_of's rule)."""
     live = [
-        r for r in history
+        r
+        for r in history
         if r.source in positions
         and r.valid_from_lsn <= positions[r.source]
         and (r.valid_to_lsn is None or r.valid_to_lsn > positions[r.source])

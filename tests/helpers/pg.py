@@ -54,9 +54,7 @@ class PgSource:
         self.conn.close()
 
 
-def capture_once(
-    warehouse: Path, src: Any, max_events: int = 200_000, snapshots: bool = False, **kw: Any
-) -> Any:
+def capture_once(warehouse: Path, src: Any, max_events: int = 200_000, snapshots: bool = False, **kw: Any) -> Any:
     """Run the stream writer in this process with `--once` semantics; returns the capture.
 
     Snapshots are off unless asked for: most tests look at the stream alone.

@@ -27,7 +27,12 @@ from tests.helpers.silver import dbt, frozen, silver, snapshot_rows
 pytestmark = pytest.mark.integration
 # The silver tables a run with nothing new leaves alone (issue 21).
 UNCHANGED_WHEN_IDLE = (
-    "safe_bounds", "table_columns", "snapshot_progress", "sequin_events", "snapshot_rows_placed", "consumer_records",
+    "safe_bounds",
+    "table_columns",
+    "snapshot_progress",
+    "sequin_events",
+    "snapshot_rows_placed",
+    "consumer_records",
     "loaded_bounds",
 )
 
@@ -35,7 +40,9 @@ UNCHANGED_WHEN_IDLE = (
 def silver_versions(warehouse: Path) -> dict[str, int]:
     return {t: DeltaTable(str(warehouse / "dbt" / "silver.db" / t)).version() for t in UNCHANGED_WHEN_IDLE}
 
+
 SILVER = ("sequin_events", "consumer_records", "record_history")
+
 
 def check_equal(warehouse: Path, s: Any) -> None:
     """Invariant 1 on the warehouse read with delta-rs (see assert_records_match_source)."""
@@ -60,13 +67,14 @@ def check_change_activity(warehouse: Path) -> None:
         row["txns"].add(e.transaction_id)
     got = {
         (r.source, r.table_schema, r.table_name, r.action, r.activity_hour): (
-            r.change_count, r.transaction_count, r.first_seq, r.last_seq
+            r.change_count,
+            r.transaction_count,
+            r.first_seq,
+            r.last_seq,
         )
         for r in read(warehouse / "dbt" / "gold.db" / "fct_change_activity")
     }
-    assert got == {
-        k: (len(v["seqs"]), len(v["txns"]), min(v["seqs"]), max(v["seqs"])) for k, v in expected.items()
-    }
+    assert got == {k: (len(v["seqs"]), len(v["txns"]), min(v["seqs"]), max(v["seqs"])) for k, v in expected.items()}
 
 
 def test_ingest_and_dbt_build_reproduce_the_source(warehouse: Path, make_source: Any) -> None:
@@ -118,9 +126,10 @@ def test_ingest_and_dbt_build_reproduce_the_source(warehouse: Path, make_source:
     # The silver data tests of this build read its rows only (dbt_project.yml, where), but for the
     # whole-table key check of consumer_records.
     compiled = warehouse.parent / "dbt-target" / "run" / "changelake" / "models" / "silver" / "_silver__models.yml"
-    assert f"source = '{s.name}' and commit_lsn > {loaded[s.name]} and commit_lsn <= " in (
-        compiled / "not_null_sequin_events_seq.sql"
-    ).read_text()
+    assert (
+        f"source = '{s.name}' and commit_lsn > {loaded[s.name]} and commit_lsn <= "
+        in (compiled / "not_null_sequin_events_seq.sql").read_text()
+    )
     # dbt names a generic test longer than 63 characters by a hash: find consumer_records' key test by its text.
     key_test = [p.read_text() for p in compiled.glob("unique_combination_of_columns_*.sql")]
     key_test = [text for text in key_test if "consumer_records" in text]
@@ -146,10 +155,21 @@ def test_ingest_and_dbt_build_reproduce_the_source(warehouse: Path, make_source:
     assert any(r.ended_by == "truncate" for r in history if r.source == s.name)
     assert any(r.ended_by == "snapshot" and r.needs_reread for r in history if r.source == toast.name)
     moment = first_moment.strftime("%Y-%m-%d %H:%M:%S.%f")
-    shown = show_rows(dbt(warehouse, "show", "--output", "json", "--limit", "-1", "--inline",
-                          f"{{{{ as_of(ref('record_history'), '{moment}') }}}}"))
-    assert {(r["source"], r["table_schema"], r["table_name"], r["record_pk"]): r["record"]
-            for r in shown} == first_state
+    shown = show_rows(
+        dbt(
+            warehouse,
+            "show",
+            "--output",
+            "json",
+            "--limit",
+            "-1",
+            "--inline",
+            f"{{{{ as_of(ref('record_history'), '{moment}') }}}}",
+        )
+    )
+    assert {
+        (r["source"], r["table_schema"], r["table_name"], r["record_pk"]): r["record"] for r in shown
+    } == first_state
 
     # Invariant 5: --full-refresh from bronze gives the same silver as the incremental history.
     incremental = {t: frozen(silver(warehouse, t)) for t in SILVER}

@@ -172,9 +172,7 @@ def test_snapshot_then_stream_into_bronze(warehouse: Path, mongo_uri: str, mongo
     assert last.action == "truncate" and last.truncated_tables == [f"{mongo_db.name}.products"]
 
 
-def test_stream_to_dbt_consumer_records_equal_the_collection(
-    warehouse: Path, mongo_uri: str, mongo_db: Any
-) -> None:
+def test_stream_to_dbt_consumer_records_equal_the_collection(warehouse: Path, mongo_uri: str, mongo_db: Any) -> None:
     coll = mongo_db.products
     coll.insert_one({"_id": ObjectId(), "placeholder": True})  # the collection exists before the stream
     src = source(mongo_uri, mongo_db)

@@ -130,9 +130,7 @@ def test_idle_source_gets_heartbeats_and_its_position_moves(warehouse: Any, make
     deadline = time.monotonic() + 15
     cap.run(once=False, should_stop=lambda: time.monotonic() > deadline)
     beats = [
-        e
-        for e in bronze_events(warehouse, s.name, with_messages=True)
-        if e.message_prefix == "changelake.heartbeat"
+        e for e in bronze_events(warehouse, s.name, with_messages=True) if e.message_prefix == "changelake.heartbeat"
     ]
     assert len(beats) >= 3
     pos = [p for p, _ in writer.positions(s.name) if p.writer_id == "stream"]

@@ -42,9 +42,7 @@ def test_a_recreated_slot_is_an_error_that_names_the_recovery(warehouse: Path, m
     assert [e.record for e in bronze_events(warehouse, s.name)] == ['{"id":1}', '{"id":2}', '{"id":3}']
 
 
-def test_resnapshot_tombstones_the_tables_at_the_new_slot_and_snapshots_them(
-    warehouse: Path, make_source: Any
-) -> None:
+def test_resnapshot_tombstones_the_tables_at_the_new_slot_and_snapshots_them(warehouse: Path, make_source: Any) -> None:
     s = make_source("create table items (id int primary key)", ["items"])
     src = _gap(s, warehouse).model_copy(update={"on_history_lost": "resnapshot"})
     capture_once(warehouse, src, snapshots=True)

@@ -32,9 +32,7 @@ def writers(warehouse: Path, source: str) -> list[Any]:
     return read(warehouse / "bronze" / "stream_positions", f"source = '{source}'")
 
 
-def test_initial_snapshot_writes_keyset_pages_and_retires_its_writer(
-    warehouse: Path, make_source: Any
-) -> None:
+def test_initial_snapshot_writes_keyset_pages_and_retires_its_writer(warehouse: Path, make_source: Any) -> None:
     s = make_source(
         "create table a (id int primary key, v text, flag boolean);"
         "create table b (k1 text, k2 int, v jsonb, primary key (k1, k2));"
@@ -198,9 +196,7 @@ def test_snapshot_races_and_concurrent_load_reproduce_the_source(
 
     dbt(warehouse, "build")
     check_live_equal(warehouse, races, RACE_TABLES, "races")
-    recs = {
-        (r.table_name, r.record_pk): r for r in silver(warehouse, "consumer_records") if r.source == races.name
-    }
+    recs = {(r.table_name, r.record_pk): r for r in silver(warehouse, "consumer_records") if r.source == races.name}
     assert recs[("del_t", '{"id":5}')].deleted  # invariant 4: the page read before the delete does not undo it
     assert recs[("pk_t", '{"id":5}')].deleted and not recs[("pk_t", '{"id":1000}')].deleted
     assert recs[("upd_t", '{"id":6}')].origin == "snapshot"
@@ -208,9 +204,7 @@ def test_snapshot_races_and_concurrent_load_reproduce_the_source(
         check_live_equal(warehouse, s, ["r1", "r2"], f"seed {SEED + k}")
 
 
-def test_snapshot_resumes_after_sigkill_from_its_last_durable_page(
-    tmp_path: Path, make_source: Any
-) -> None:
+def test_snapshot_resumes_after_sigkill_from_its_last_durable_page(tmp_path: Path, make_source: Any) -> None:
     s = make_source("create table big (id int primary key, v text)", ["big"])
     s.execute("insert into big select g, 'v' || g from generate_series(1, 45) g")
     prepare(s.config())

@@ -21,16 +21,24 @@ def test_messages_and_positions_are_no_news_change_events_are(tmp_path: Path) ->
     assert bronze_news.news(bronze, recorded) is None
 
     # What a `run --once` with nothing to capture commits: its drain marker and a raised position.
-    write_deltalake(str(bronze / "wal_events"), table(WAL_EVENTS, [ev(205, 0, "message", None, None, None)]),
-                    mode="append")
+    write_deltalake(
+        str(bronze / "wal_events"), table(WAL_EVENTS, [ev(205, 0, "message", None, None, None)]), mode="append"
+    )
     bronze_fixture.write(str(tmp_path), 3)
     assert bronze_news.versions(bronze) != recorded
     assert bronze_news.news(bronze, recorded) is None
 
-    write_deltalake(str(bronze / "wal_events"),
-                    table(WAL_EVENTS, [ev(206, 0, "message", None, None, None),
-                                       ev(206, 1, "insert", "customers", {"id": 9}, bronze_fixture.customer(9, "Bo"))]),
-                    mode="append")
+    write_deltalake(
+        str(bronze / "wal_events"),
+        table(
+            WAL_EVENTS,
+            [
+                ev(206, 0, "message", None, None, None),
+                ev(206, 1, "insert", "customers", {"id": 9}, bronze_fixture.customer(9, "Bo")),
+            ],
+        ),
+        mode="append",
+    )
     assert bronze_news.news(bronze, recorded) == "wal_events: new change events"
     assert bronze_news.news(bronze, bronze_news.versions(bronze)) is None
 
@@ -42,8 +50,9 @@ def test_unreadable_history_and_other_tables_count_as_news(tmp_path: Path) -> No
     assert bronze_news.news(bronze, {k: v for k, v in recorded.items() if k != "snapshot_pages"}) == (
         "snapshot_pages: not in the recorded state"
     )
-    write_deltalake(str(bronze / "wal_events"), table(WAL_EVENTS, [ev(205, 0, "message", None, None, None)]),
-                    mode="append")
+    write_deltalake(
+        str(bronze / "wal_events"), table(WAL_EVENTS, [ev(205, 0, "message", None, None, None)]), mode="append"
+    )
     latest = bronze_news.versions(bronze)["wal_events"]
     log = bronze / "wal_events" / "_delta_log"
     (log / f"{latest:020d}.json").rename(tmp_path / "moved.json")

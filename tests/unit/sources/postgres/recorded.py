@@ -45,9 +45,6 @@ def all_raw() -> list[bytes]:
     return out
 
 
-
-
-
 class FixtureCatalog:
     """The recorded server's pg_type, and `id` as every table's key (as the recorded tables have)."""
 
@@ -66,5 +63,3 @@ class FixtureCatalog:
 
     def type_name(self, type_oid: int, type_modifier: int) -> str:
         return str(type_oid)
-
-
