@@ -57,6 +57,24 @@ def test_replica_identity_nothing_is_refused_before_the_publication_is_touched(m
     assert published is not None and published[0] == 0
 
 
+def test_a_deferrable_primary_key_under_identity_default_is_refused_before_the_publication_is_touched(
+    make_source: Any,
+) -> None:
+    """Postgres takes no deferrable index as a replica identity: published, the table breaks the application."""
+    s = make_source("create table items (id int primary key deferrable initially deferred, v text)", ["items"])
+    s.execute("insert into items values (1, 'a')")
+    with pytest.raises(
+        SourceError, match=r"DEFERRABLE primary key and REPLICA IDENTITY DEFAULT.*REPLICA IDENTITY FULL"
+    ):
+        prepare(s.config())
+    s.execute("update items set v = 'b' where id = 1")  # the source application is unharmed
+    with psycopg.connect(s.dsn) as c:
+        published = c.execute(
+            "select count(*) from pg_publication_tables where pubname = %s", (s.config().publication_name,)
+        ).fetchone()
+    assert published is not None and published[0] == 0
+
+
 def test_full_identity_without_a_key_streams_keyed_by_every_column(warehouse: Path, make_source: Any) -> None:
     """W3: accepted for the stream (every column is the key); its snapshot, which needs a key, is refused."""
     s = make_source("create table log (at int, msg text)", ["log"])

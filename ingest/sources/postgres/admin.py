@@ -92,14 +92,24 @@ class PostgresAdmin:
                 "run ALTER ROLE <user> REPLICATION as a superuser"
             )
 
-    def _check_identity(self, qualified: str, replident: str, has_pk: bool) -> None:
+    def _check_identity(self, qualified: str, replident: str, has_pk: bool, pk_deferrable: bool = False) -> None:
         """A table's replica identity must key its changes, before the publication is touched.
 
         NOTHING is refused even with a primary key: a published table without a replica identity
-        makes the source application's own UPDATE and DELETE fail (review finding C4). FULL
-        without a primary key keys by every column; its snapshot has no key to page by (W3).
+        makes the source application's own UPDATE and DELETE fail (review finding C4). So is
+        DEFAULT over a DEFERRABLE primary key, which Postgres does not take as a replica identity
+        (relcache skips indexes that are not immediate): it is NOTHING in effect. FULL without a
+        primary key keys by every column; its snapshot has no key to page by (W3).
         """
         name = self.src.name
+        if replident == "d" and has_pk and pk_deferrable:
+            raise SourceError(
+                f"source {name!r}: table {qualified} has a DEFERRABLE primary key and REPLICA IDENTITY DEFAULT; "
+                "Postgres uses no deferrable index as a replica identity, so once published the application's "
+                f"UPDATE and DELETE on it would fail. Run ALTER TABLE {qualified} REPLICA IDENTITY FULL (records "
+                "stay keyed by the primary key, and key shifts inside a transaction are folded right), or "
+                "REPLICA IDENTITY USING INDEX <a unique index that is not deferrable>"
+            )
         if replident == "n":
             raise SourceError(
                 f"source {name!r}: table {qualified} has REPLICA IDENTITY NOTHING: once published, the "
@@ -157,7 +167,8 @@ class PostgresAdmin:
         for qualified in self.src.tables:
             schema, table = qualified.split(".")
             row = self._one(
-                "select c.relreplident, exists(select 1 from pg_index i where i.indrelid = c.oid and i.indisprimary) "
+                "select c.relreplident, exists(select 1 from pg_index i where i.indrelid = c.oid and i.indisprimary), "
+                "exists(select 1 from pg_index i where i.indrelid = c.oid and i.indisprimary and not i.indimmediate) "
                 "from pg_class c join pg_namespace n on n.oid = c.relnamespace "
                 "where n.nspname = %s and c.relname = %s and c.relkind in ('r', 'p')",
                 (schema, table),
@@ -169,8 +180,8 @@ class PostgresAdmin:
                     "If it was captured, the stream tombstones its records in silver once it reaches this point "
                     "of the WAL. Remove it from `tables`, or list it under its new name (snapshotted then)."
                 )
-            replident, has_pk = row
-            self._check_identity(qualified, str(replident), bool(has_pk))
+            replident, has_pk, pk_deferrable = row
+            self._check_identity(qualified, str(replident), bool(has_pk), bool(pk_deferrable))
             mask = masks.table(qualified)
             if mask is not None:
                 ident = sql.Identifier(schema, table).as_string(self.conn)
