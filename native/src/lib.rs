@@ -136,6 +136,59 @@ fn push_value(out: &mut String, kind: u8, value: &[u8]) -> Result<(), Refusal> {
     Ok(())
 }
 
+/// One field of a COPY text-format row, backslash escapes resolved (COPY's rules: \b \f \n \r \t \v,
+/// 1-3 octal digits, x and 1-2 hex digits, any other character stands for itself). `\N` is NULL.
+fn copy_field(field: &[u8]) -> Result<Option<std::borrow::Cow<'_, [u8]>>, Refusal> {
+    if field == b"\\N" {
+        return Ok(None);
+    }
+    if !field.contains(&b'\\') {
+        return Ok(Some(std::borrow::Cow::Borrowed(field)));
+    }
+    let mut out = Vec::with_capacity(field.len());
+    let mut i = 0;
+    while i < field.len() {
+        let c = field[i];
+        if c != b'\\' {
+            out.push(c);
+            i += 1;
+            continue;
+        }
+        let e = *field.get(i + 1).ok_or("backslash at the end of a field")?;
+        i += 2;
+        match e {
+            b'b' => out.push(0x08),
+            b'f' => out.push(0x0c),
+            b'n' => out.push(b'\n'),
+            b'r' => out.push(b'\r'),
+            b't' => out.push(b'\t'),
+            b'v' => out.push(0x0b),
+            b'0'..=b'7' => {
+                let mut v: u32 = (e - b'0') as u32;
+                let mut n = 1;
+                while n < 3 && i < field.len() && (b'0'..=b'7').contains(&field[i]) {
+                    v = v * 8 + (field[i] - b'0') as u32;
+                    i += 1;
+                    n += 1;
+                }
+                out.push((v & 0xff) as u8);
+            }
+            b'x' if i < field.len() && field[i].is_ascii_hexdigit() => {
+                let mut v: u32 = 0;
+                let mut n = 0;
+                while n < 2 && i < field.len() && field[i].is_ascii_hexdigit() {
+                    v = v * 16 + (field[i] as char).to_digit(16).unwrap_or(0);
+                    i += 1;
+                    n += 1;
+                }
+                out.push(v as u8);
+            }
+            other => out.push(other),
+        }
+    }
+    Ok(Some(std::borrow::Cow::Owned(out)))
+}
+
 /// One relation's columns, as the Python ChangeBuilder's `_Rel` holds them for `encode_record`.
 #[pyclass(frozen)]
 struct RowEncoder {
@@ -199,6 +252,28 @@ impl RowEncoder {
         }
         out.push('}');
         Ok(out)
+    }
+
+    /// The rows of a COPY ... TO STDOUT text-format buffer (whole lines) as (record_pk, record).
+    fn copy_rows(&self, buf: &[u8]) -> Result<Vec<(String, String)>, Refusal> {
+        let mut rows = Vec::new();
+        let body = buf.strip_suffix(b"\n").ok_or("a COPY buffer ends with a newline")?;
+        for line in body.split(|&b| b == b'\n') {
+            let fields = line
+                .split(|&b| b == b'\t')
+                .map(copy_field)
+                .collect::<Result<Vec<_>, Refusal>>()?;
+            let values: Vec<Value<'_>> = fields
+                .iter()
+                .map(|f| match f {
+                    None => Value::Null,
+                    Some(v) => Value::Data(v.as_ref()),
+                })
+                .collect();
+            let (record, _) = self.record(&values)?;
+            rows.push((self.pk(&values, None)?, record));
+        }
+        Ok(rows)
     }
 
     #[allow(clippy::type_complexity)]
@@ -289,6 +364,14 @@ impl RowEncoder {
         payload: &[u8],
     ) -> PyResult<(u8, Option<String>, String, Option<String>, Option<String>, Option<Vec<String>>)> {
         self.decode(payload).map_err(PyValueError::new_err)
+    }
+
+    /// The rows of a buffer of whole COPY ... TO STDOUT text-format lines, as (record_pk, record).
+    ///
+    /// Raises ValueError when the Python path must take the buffer (a value that does not map, a
+    /// row whose width is not the relation's); it raises the error a user sees, if there is one.
+    fn copy_rows_of(&self, buf: &[u8]) -> PyResult<Vec<(String, String)>> {
+        self.copy_rows(buf).map_err(PyValueError::new_err)
     }
 }
 
