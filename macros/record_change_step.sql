@@ -4,13 +4,29 @@
         variables that the caller binds, `state` (the key's state so far) and `change` (its next
         change in position order), giving the state after the change. The state is
         struct<is_present, record, deleted, deleted_at, needs_reread, commit_lsn, commit_index, seq,
-        origin, updated_at>; the change is struct<commit_lsn, commit_index, seq, commit_timestamp,
-        change_kind, record, old_record, unchanged_toast, ...> (extra fields are ignored). A change
+        origin, updated_at, occupants>; the change is struct<commit_lsn, commit_index, seq,
+        commit_timestamp, change_kind, record, old_record, unchanged_toast, occupancy_delta, ...>
+        (extra fields are ignored). A change
         that does not change the state (older than it, or a truncate of a row that is not live)
         returns `state` itself. fold_record_changes folds a key's changes with it; record_history
         keeps every intermediate state. The rules are listed in fold_record_changes.
     -#}
     {%- set live_record = "case when state.is_present and not state.deleted then state.record end" -%}
+    {#- Rows holding the key before the change (review W4): inside one transaction a deferrable key
+        can be held by two rows at once (`update t set id = id + 1` moves row 1 onto key 2 before
+        row 2 leaves it), so the state counts them, from the live state at the transaction's
+        first change of the key. -#}
+    {%- set occupants_before -%}
+        case
+            when change.commit_lsn = state.commit_lsn and state.occupants is not null then state.occupants
+            when state.is_present and not state.deleted then 1
+            else 0
+        end
+    {%- endset -%}
+    {#- The previous record an unchanged TOAST column takes its value from: the live state, unless
+        the change brings a row onto the key (a primary-key change), whose previous values are
+        under its old key. -#}
+    {%- set toast_record = "case when change.occupancy_delta = 0 then " ~ live_record ~ " end" -%}
     case
             when
                 state.commit_lsn is not null
@@ -30,7 +46,8 @@
                     'commit_index', change.commit_index,
                     'seq', change.seq,
                     'origin', 'snapshot',
-                    'updated_at', change.commit_timestamp
+                    'updated_at', change.commit_timestamp,
+                    'occupants', 1
                 )
             when change.change_kind = 'upsert'
                 then named_struct(
@@ -41,7 +58,7 @@
                             from_json(change.record, 'map<string, variant>'),
                             map_filter(
                                 coalesce(
-                                    from_json({{ live_record }}, 'map<string, variant>'),
+                                    from_json({{ toast_record }}, 'map<string, variant>'),
                                     cast(map() as map<string, variant>)
                                 ),
                                 (column_name, column_value) -> array_contains(change.unchanged_toast, column_name)
@@ -51,17 +68,32 @@
                     end,
                     'deleted', false,
                     'deleted_at', cast(null as timestamp),
-                    'needs_reread', exists(
+                    'needs_reread', (change.occupancy_delta = 0 and {{ occupants_before }} >= 2) or exists(
                         change.unchanged_toast,
                         column_name -> not coalesce(
-                            array_contains(json_object_keys({{ live_record }}), column_name), false
+                            array_contains(json_object_keys({{ toast_record }}), column_name), false
                         )
                     ),
                     'commit_lsn', change.commit_lsn,
                     'commit_index', change.commit_index,
                     'seq', change.seq,
                     'origin', 'stream',
-                    'updated_at', change.commit_timestamp
+                    'updated_at', change.commit_timestamp,
+                    'occupants', {{ occupants_before }} + change.occupancy_delta
+                )
+            when change.change_kind = 'delete' and {{ occupants_before }} >= 2
+                then named_struct(
+                    'is_present', true,
+                    'record', state.record,
+                    'deleted', false,
+                    'deleted_at', cast(null as timestamp),
+                    'needs_reread', state.needs_reread,
+                    'commit_lsn', change.commit_lsn,
+                    'commit_index', change.commit_index,
+                    'seq', change.seq,
+                    'origin', state.origin,
+                    'updated_at', state.updated_at,
+                    'occupants', {{ occupants_before }} - 1
                 )
             when change.change_kind = 'delete'
                 then named_struct(
@@ -74,7 +106,8 @@
                     'commit_index', change.commit_index,
                     'seq', change.seq,
                     'origin', 'stream',
-                    'updated_at', change.commit_timestamp
+                    'updated_at', change.commit_timestamp,
+                    'occupants', 0
                 )
             when change.change_kind = 'truncate' and state.is_present and not state.deleted
                 then named_struct(
@@ -87,7 +120,8 @@
                     'commit_index', change.commit_index,
                     'seq', change.seq,
                     'origin', 'stream',
-                    'updated_at', change.commit_timestamp
+                    'updated_at', change.commit_timestamp,
+                    'occupants', 0
                 )
             else state
         end

@@ -124,7 +124,7 @@ event_key_changes as (
         'new_events',
         [
             'source', 'table_schema', 'table_name', 'action', 'commit_lsn', 'commit_index', 'seq',
-            'commit_timestamp', 'record', 'old_record', 'unchanged_toast',
+            'commit_timestamp', 'record', 'old_record', 'old_record_pk', 'unchanged_toast',
         ],
     ) }}
 
@@ -146,7 +146,12 @@ row_changes as (
         commit_timestamp,
         case when is_old_key then cast(null as string) else record end as record,
         old_record,
-        case when is_old_key then cast(array() as array<string>) else unchanged_toast end as unchanged_toast
+        case when is_old_key then cast(array() as array<string>) else unchanged_toast end as unchanged_toast,
+        case
+            when action = 'delete' or is_old_key then -1
+            when action = 'insert' or (old_record_pk is not null and old_record_pk != record_pk) then 1
+            else 0
+        end as occupancy_delta
     from event_key_changes
 
 ),
@@ -165,7 +170,8 @@ snapshot_changes as (
         read_at as commit_timestamp,
         record,
         cast(null as string) as old_record,
-        cast(array() as array<string>) as unchanged_toast
+        cast(array() as array<string>) as unchanged_toast,
+        0 as occupancy_delta
     from new_snapshot_rows
 
 ),
@@ -245,7 +251,8 @@ truncate_changes as (
         truncates.commit_timestamp,
         cast(null as string) as record,
         cast(null as string) as old_record,
-        cast(array() as array<string>) as unchanged_toast
+        cast(array() as array<string>) as unchanged_toast,
+        0 as occupancy_delta
     from truncates
     inner join truncated_keys
         on
@@ -278,7 +285,8 @@ key_histories as (
             change_kind,
             record,
             old_record,
-            unchanged_toast
+            unchanged_toast,
+            occupancy_delta
         ))) as changes
     from all_changes
     group by source, table_schema, table_name, record_pk
@@ -346,7 +354,8 @@ folded as (
                 'commit_index', current_commit_index,
                 'seq', current_seq,
                 'origin', current_origin,
-                'updated_at', current_updated_at
+                'updated_at', current_updated_at,
+                'occupants', cast(null as int)
             )"
         ) }} as record_state
     from starting_states

@@ -134,7 +134,7 @@ event_key_changes as (
         'new_events',
         [
             'source', 'table_schema', 'table_name', 'action', 'commit_lsn', 'commit_index', 'seq',
-            'commit_timestamp', 'record', 'old_record', 'unchanged_toast',
+            'commit_timestamp', 'record', 'old_record', 'old_record_pk', 'unchanged_toast',
         ],
     ) }}
 
@@ -157,6 +157,11 @@ row_changes as (
         case when is_old_key then cast(null as string) else record end as record,
         old_record,
         case when is_old_key then cast(array() as array<string>) else unchanged_toast end as unchanged_toast,
+        case
+            when action = 'delete' or is_old_key then -1
+            when action = 'insert' or (old_record_pk is not null and old_record_pk != record_pk) then 1
+            else 0
+        end as occupancy_delta,
         case when is_old_key then 'delete' else action end as change_action
     from event_key_changes
 
@@ -177,6 +182,7 @@ snapshot_changes as (
         record,
         cast(null as string) as old_record,
         cast(array() as array<string>) as unchanged_toast,
+        0 as occupancy_delta,
         'snapshot' as change_action
     from new_snapshot_rows
 
@@ -258,6 +264,7 @@ truncate_changes as (
         cast(null as string) as record,
         cast(null as string) as old_record,
         cast(array() as array<string>) as unchanged_toast,
+        0 as occupancy_delta,
         'truncate' as change_action
     from truncates
     inner join truncated_keys
@@ -292,6 +299,7 @@ key_histories as (
             record,
             old_record,
             unchanged_toast,
+            occupancy_delta,
             change_action
         ))) as changes
     from all_changes
@@ -363,13 +371,22 @@ state_sequences as (
                     'commit_index', current_valid_from_index,
                     'seq', current_valid_from_seq,
                     'origin', current_origin,
-                    'updated_at', current_valid_from
+                    'updated_at', current_valid_from,
+                    'occupants', cast(null as int)
                 ),
                 'change_action', current_started_by
             )),
             (states, change) -> concat(states, transform(
-                array(element_at(states, -1).state),
-                state -> named_struct('state', {{ record_change_step() }}, 'change_action', change.change_action)
+                transform(array(element_at(states, -1).state), state -> {{ record_change_step() }}),
+                -- a row leaving a key another row moved onto in the same transaction (review W4)
+                -- leaves it live: that version is started by an update, not a delete
+                next_state -> named_struct(
+                    'state', next_state,
+                    'change_action', case
+                        when change.change_action = 'delete' and not next_state.deleted then 'update'
+                        else change.change_action
+                    end
+                )
             ))
         ) as states
     from starting_states

@@ -30,6 +30,7 @@ import pytest
 import yaml
 
 from tests.helpers.dbt_flow import (
+    CAPTURED,
     SEED,
     TABLES,
     assert_event_log_matches_bronze,
@@ -195,7 +196,7 @@ def test_ingest_and_dbt_build_on_the_cluster(cluster: Cluster, tmp_path: Path, m
     print(f"cluster flow seed: {SEED} (rerun with CHANGELAKE_TEST_SEED={SEED})")
     c = cluster
     rnd = random.Random(SEED)
-    s = make_source(TABLES, ["accounts", "lines"])
+    s = make_source(TABLES, CAPTURED)
     prepare(s.config())
     # An independent record of the committed history: Postgres's own decoder, from before the workload.
     oracle_slot = f"oracle_{s.suffix}"  # dropped with the source (its name holds the suffix)

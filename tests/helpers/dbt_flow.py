@@ -14,7 +14,11 @@ SEED = int(os.environ.get("CHANGELAKE_TEST_SEED", random.randrange(1 << 30)))
 TABLES = """
 create table accounts (id int primary key, owner text, balance numeric(12, 2), notes text);
 create table lines (account_id int, line_no int, amount int, primary key (account_id, line_no));
+create table shifts (id int primary key deferrable initially deferred, v text);
+alter table shifts replica identity full;
 """
+CAPTURED = ["accounts", "lines", "shifts"]
+KEYS = {"accounts": ["id"], "lines": ["account_id", "line_no"], "shifts": ["id"]}
 
 
 def workload(s: Any, rnd: random.Random, ids: list[int], truncate_lines: bool) -> None:
@@ -50,9 +54,27 @@ def workload(s: Any, rnd: random.Random, ids: list[int], truncate_lines: bool) -
         s.execute("delete from accounts where id = %s", (new,))
         s.execute("insert into accounts values (%s, 'back', 2, null)", (new,))
         ids.append(new)
+    shift_keys(s, rnd)
     if truncate_lines:
         s.execute("truncate lines")
         s.execute("insert into lines select id, 2, 5 from accounts where id % 3 = 0")
+
+
+def shift_keys(s: Any, rnd: random.Random) -> None:
+    """Key shifts under a deferrable primary key (review W4): mid-transaction, two rows hold one key.
+
+    `update shifts set id = id + 1` moves row 1 onto key 2 before row 2 leaves it (heap order);
+    a swap moves both rows of a pair onto each other's key. Silver must keep every re-held key.
+    """
+    with s.conn.transaction():
+        (top,) = s.conn.execute("select coalesce(max(id), 0) from shifts").fetchone()
+        s.execute("insert into shifts select g, 'r' || g from generate_series(%s::int, %s::int) g", (top + 1, top + 5))
+    with s.conn.transaction():
+        s.execute("update shifts set id = id + 1")
+    with s.conn.transaction():
+        a, b = rnd.sample([r[0] for r in s.conn.execute("select id from shifts").fetchall()], 2)
+        s.execute("update shifts set id = case id when %s then %s else %s end where id in (%s, %s)", (a, b, a, a, b))
+        s.execute("delete from shifts where id = (select min(id) from shifts)")
 
 
 def assert_records_match_source(recs: list[Any], bronze: list[Any], s: Any, pages: Sequence[Any] = ()) -> None:
@@ -65,7 +87,7 @@ def assert_records_match_source(recs: list[Any], bronze: list[Any], s: Any, page
     seen = {(e.table_name, e.record_pk) for e in bronze if e.record_pk}
     seen |= {(e.table_name, e.old_record_pk) for e in bronze if e.old_record_pk}
     seen |= {(p.table_name, p.record_pk) for p in pages if p.record_pk}
-    for table, pk in (("accounts", ["id"]), ("lines", ["account_id", "line_no"])):
+    for table, pk in KEYS.items():
         live = {
             r.record_pk: json.loads(r.record)
             for r in recs

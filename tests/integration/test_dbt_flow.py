@@ -11,6 +11,7 @@ import pytest
 from deltalake import DeltaTable
 
 from tests.helpers.dbt_flow import (
+    CAPTURED,
     SEED,
     TABLES,
     assert_event_log_matches_bronze,
@@ -80,7 +81,7 @@ def check_change_activity(warehouse: Path) -> None:
 def test_ingest_and_dbt_build_reproduce_the_source(warehouse: Path, make_source: Any) -> None:
     print(f"dbt flow seed: {SEED} (rerun with CHANGELAKE_TEST_SEED={SEED})")
     rnd = random.Random(SEED)
-    s = make_source(TABLES, ["accounts", "lines"])
+    s = make_source(TABLES, CAPTURED)
     prepare(s.config())
     ids: list[int] = []
     workload(s, rnd, ids, truncate_lines=False)
