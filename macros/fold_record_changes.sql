@@ -16,7 +16,10 @@
         - delete (and the old key of a primary-key change): a tombstone at the change's position
           that keeps the last known values (the previous state's record, else the delete's
           old_record, which is the key columns unless REPLICA IDENTITY FULL);
-        - truncate: tombstones a live row; an already deleted row keeps its own tombstone.
+        - truncate: tombstones a live row; an already deleted row keeps its own tombstone;
+        - a key two rows hold at once inside a transaction (a deferrable key shifted, review W4):
+          the state counts the holders (occupants); a delete or leave that leaves one keeps the
+          record live at its position; an in-place update while two hold it sets needs_reread.
         updated_at is the commit time of the change that produced the state (not the run time),
         so a full refresh reproduces the incremental result exactly.
     -#}
