@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
@@ -45,24 +46,66 @@ def warehouse(tmp_path: Path) -> Path:
     return tmp_path / "warehouse"
 
 
-# The suite runs on two pytest-xdist workers (scripts/test.sh: `-n 2`). Every module whose tests
-# start Spark or dbt (a JVM with `local[2]`: the machine has 2 cores) belongs to one scope, which
-# one worker runs in order and first; the other worker takes the PostgreSQL, MongoDB and unit
-# modules, which mostly wait on servers, a module at a time (their module-scoped fixtures and
-# scratch clusters' fixed ports stay on one worker). A module counts as Spark's when its text
-# names dbt, Spark or the dbt flow helpers: erring towards the Spark scope only serializes more.
-# (xdist's own `loadgroup` marks groups by rewriting node ids, which pytest 9 no longer lets it
-# do, so the scopes come from a scheduler of ours.)
+# The suite runs on two pytest-xdist workers (scripts/test.sh: `-n 2`). Every test that starts
+# Spark or dbt (a JVM with `local[2]`: the machine has 2 cores) belongs to one scope, which one
+# worker runs in order and first; the other worker takes the PostgreSQL, MongoDB and unit tests,
+# which mostly wait on servers, a module at a time (their module-scoped fixtures and scratch
+# clusters' fixed ports stay on one worker). A test counts as Spark's when the text of its module
+# names dbt, Spark or the dbt flow helpers and the text of the test, or of a module-level function
+# or fixture it names (transitively), does too: erring towards the Spark scope only serializes
+# more. (xdist's own `loadgroup` marks groups by rewriting node ids, which pytest 9 no longer lets
+# it do, so the scopes come from a scheduler of ours.)
 _SPARK_MODULE = re.compile(r"\bdbt\b|pyspark|SparkSession|spark_session|dbt_flow|cluster_flow", re.IGNORECASE)
 SPARK_SCOPE = "spark-and-dbt"
-_scopes: dict[Path, str] = {}
+_spark_tests: dict[Path, set[str] | None] = {}
 
 
-def _scope(path: Path) -> str:
-    if path not in _scopes:
+def _tests_using_spark(path: Path) -> set[str] | None:
+    """The module's test functions that use Spark or dbt (None: the module never names them)."""
+    if path not in _spark_tests:
         text = path.read_text(encoding="utf-8", errors="replace")
-        _scopes[path] = SPARK_SCOPE if _SPARK_MODULE.search(text) else str(path.relative_to(ROOT))
-    return _scopes[path]
+        if not _SPARK_MODULE.search(text):
+            _spark_tests[path] = None
+            return None
+        tree = ast.parse(text)
+        defs = {
+            node.name: node
+            for node in tree.body
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        }
+        # Module-level code outside functions (imports, constants) counts for every test.
+        body = tree.body[1:] if ast.get_docstring(tree) is not None else tree.body
+        outside = "\n".join(
+            ast.get_source_segment(text, node) or ""
+            for node in body
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Import | ast.ImportFrom)
+        )
+        names = {
+            name: {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+            | {a.arg for a in ast.walk(node) if isinstance(a, ast.arg)}
+            for name, node in defs.items()
+        }
+        own = {
+            name: bool(_SPARK_MODULE.search(ast.get_source_segment(text, node) or "")) for name, node in defs.items()
+        }
+        spark = {name for name, uses in own.items() if uses}
+        changed = True
+        while changed:  # a def naming a Spark def uses Spark
+            changed = False
+            for name in defs.keys() - spark:
+                if names[name] & spark:
+                    spark.add(name)
+                    changed = True
+        everything = set(defs) if _SPARK_MODULE.search(outside) else spark
+        _spark_tests[path] = {name for name in everything if name.startswith("test")}
+    return _spark_tests[path]
+
+
+def _scope(nodeid: str) -> str:
+    module, _, rest = nodeid.partition("::")
+    spark = _tests_using_spark(ROOT / module)
+    test = re.split(r"[\[:]", rest, maxsplit=1)[0]
+    return SPARK_SCOPE if spark is not None and (test in spark or not test) else module
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
@@ -71,11 +114,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     class SparkScope(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return _scope(ROOT / nodeid.split("::", 1)[0])
+            return _scope(nodeid)
 
     return SparkScope(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Put the Spark scope first, so a worker starts on it at once."""
-    items.sort(key=lambda item: _scope(Path(str(item.path))) != SPARK_SCOPE)  # stable: file order kept
+    items.sort(key=lambda item: _scope(item.nodeid) != SPARK_SCOPE)  # stable: file order kept

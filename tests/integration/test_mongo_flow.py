@@ -30,7 +30,7 @@ from ingest.sources.mongodb.changes import from_ext_json, record_key
 from ingest.sources.mongodb.stream import parse_stored_token
 from tests.helpers.delta_rows import read
 from tests.helpers.pg import bronze_events
-from tests.helpers.silver import dbt, silver
+from tests.helpers.silver import NO_UNIT_TESTS, dbt, silver
 from tests.mongo.server import mongo_java_server
 
 pytestmark = pytest.mark.integration
@@ -199,6 +199,7 @@ def test_stream_to_dbt_consumer_records_equal_the_collection(warehouse: Path, mo
     dbt(
         warehouse,
         "build",
+        *NO_UNIT_TESTS,
         "--vars",
         json.dumps(
             {

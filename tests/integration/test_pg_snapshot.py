@@ -18,7 +18,7 @@ import yaml
 
 from tests.helpers.delta_rows import read
 from tests.helpers.pg import capture_once, prepare
-from tests.helpers.silver import dbt, silver, source_rows
+from tests.helpers.silver import NO_UNIT_TESTS, dbt, silver, source_rows
 
 pytestmark = pytest.mark.integration
 
@@ -194,7 +194,7 @@ def test_snapshot_races_and_concurrent_load_reproduce_the_source(
         capture_once(warehouse, s.config(), snapshots=True, page_rows=8)  # quiescent: catch up
         loads.append(s)
 
-    dbt(warehouse, "build")
+    dbt(warehouse, "build", *NO_UNIT_TESTS)
     check_live_equal(warehouse, races, RACE_TABLES, "races")
     recs = {(r.table_name, r.record_pk): r for r in silver(warehouse, "consumer_records") if r.source == races.name}
     assert recs[("del_t", '{"id":5}')].deleted  # invariant 4: the page read before the delete does not undo it

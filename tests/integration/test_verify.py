@@ -24,7 +24,7 @@ from deltalake import DeltaTable, write_deltalake
 from tests.helpers.delta_rows import read
 from tests.helpers.ingest_process import ingest, start_run, stop, write_config
 from tests.helpers.pg import ROOT, capture_once, prepare
-from tests.helpers.silver import DBT, dbt, silver
+from tests.helpers.silver import DBT, NO_UNIT_TESTS, dbt, silver
 
 pytestmark = pytest.mark.integration
 
@@ -74,7 +74,7 @@ def test_verify_finds_exactly_the_corrupted_keys_and_nothing_under_load(
     s.execute(f"update {table} set name = 'changed' where id <= 10")
     s.execute(f"delete from {table} where id between 11 and 15")
     capture_once(warehouse, s.config(columns=rules, mask_salt_env=SALT_ENV))
-    dbt(warehouse, "build")
+    dbt(warehouse, "build", *NO_UNIT_TESTS)
 
     source = {
         "kind": "postgres",
