@@ -169,7 +169,8 @@ up() {
       --conf spark.databricks.delta.snapshotPartitions=2 \
       --conf spark.sql.warehouse.dir="$WAREHOUSE/dbt" \
       --conf "spark.hadoop.javax.jdo.option.ConnectionURL=jdbc:derby:;databaseName=$WAREHOUSE/_metastore/metastore_db;create=true" \
-      --conf spark.driver.extraJavaOptions="-Dderby.system.home=$WAREHOUSE/_metastore" \
+      --conf spark.driver.extraJavaOptions="-Dderby.system.home=$WAREHOUSE/_metastore ${CHANGELAKE_JVM_OPTS:-}" \
+      --conf spark.executor.extraJavaOptions="${CHANGELAKE_JVM_OPTS:-}" \
       spark-internal \
       --hiveconf hive.server2.thrift.bind.host="$HOST" \
       --hiveconf hive.server2.thrift.port="$THRIFT_PORT"
