@@ -9,6 +9,8 @@ echo "== ruff"; ruff check ingest tests demo bench && ruff format --check -q ing
 echo "== mypy --strict"; mypy
 if [ -f dbt_project.yml ]; then echo "== sqlfluff"; bash scripts/sqlfluff.sh; fi
 echo "== pytest"
+# dbt runs 4 nodes at a time in the tests (small data: the data tests overlap; docs/dbt.md).
+export CHANGELAKE_DBT_THREADS="${CHANGELAKE_DBT_THREADS:-4}"
 # The Spark JVMs of the tests (dbt's driver, the cluster's) compile with C1 only: their runs are
 # short and their data small, so C2's compile time is not paid back (a gold test: 69 s -> 56 s).
 export CHANGELAKE_JVM_OPTS="${CHANGELAKE_JVM_OPTS--XX:TieredStopAtLevel=1}"
