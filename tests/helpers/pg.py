@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import secrets
+import time
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +44,22 @@ class PgSource:
             for slot in c.execute(
                 "select slot_name from pg_replication_slots where slot_name like %s", (f"%{self.suffix}%",)
             ).fetchall():
-                c.execute(
-                    "select pg_terminate_backend(active_pid) from pg_replication_slots "
-                    "where slot_name = %s and active_pid is not null",
-                    (slot[0],),
-                )
-                c.execute("select pg_drop_replication_slot(%s)", (slot[0],))
+                # pg_terminate_backend only signals the walsender: the slot stays active until it has
+                # exited, so the drop is retried (it raced the exit once in a fresh-clone CI run).
+                deadline = time.monotonic() + 30
+                while True:
+                    c.execute(
+                        "select pg_terminate_backend(active_pid) from pg_replication_slots "
+                        "where slot_name = %s and active_pid is not null",
+                        (slot[0],),
+                    )
+                    try:
+                        c.execute("select pg_drop_replication_slot(%s)", (slot[0],))
+                        break
+                    except psycopg.errors.ObjectInUse:
+                        if time.monotonic() > deadline:
+                            raise
+                        time.sleep(0.1)
             c.execute(f"drop publication if exists changelake_{self.name}")
             c.execute(f"drop schema if exists {self.schema} cascade")
         self.conn.close()
