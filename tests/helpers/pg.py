@@ -44,25 +44,32 @@ class PgSource:
             for slot in c.execute(
                 "select slot_name from pg_replication_slots where slot_name like %s", (f"%{self.suffix}%",)
             ).fetchall():
-                # pg_terminate_backend only signals the walsender: the slot stays active until it has
-                # exited, so the drop is retried (it raced the exit once in a fresh-clone CI run).
-                deadline = time.monotonic() + 30
-                while True:
-                    c.execute(
-                        "select pg_terminate_backend(active_pid) from pg_replication_slots "
-                        "where slot_name = %s and active_pid is not null",
-                        (slot[0],),
-                    )
-                    try:
-                        c.execute("select pg_drop_replication_slot(%s)", (slot[0],))
-                        break
-                    except psycopg.errors.ObjectInUse:
-                        if time.monotonic() > deadline:
-                            raise
-                        time.sleep(0.1)
+                drop_slot(c, slot[0])
             c.execute(f"drop publication if exists changelake_{self.name}")
             c.execute(f"drop schema if exists {self.schema} cascade")
         self.conn.close()
+
+
+def drop_slot(conn: Any, slot: str) -> None:
+    """Drop a replication slot, ending the walsender that holds it first.
+
+    pg_terminate_backend only signals the walsender: the slot stays active until it has exited, so
+    the drop is retried (it raced the exit in a fresh-clone CI run: "slot ... is active for PID").
+    """
+    deadline = time.monotonic() + 30
+    while True:
+        conn.execute(
+            "select pg_terminate_backend(active_pid) from pg_replication_slots "
+            "where slot_name = %s and active_pid is not null",
+            (slot,),
+        )
+        try:
+            conn.execute("select pg_drop_replication_slot(%s)", (slot,))
+            return
+        except psycopg.errors.ObjectInUse:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 def capture_once(warehouse: Path, src: Any, max_events: int = 200_000, snapshots: bool = False, **kw: Any) -> Any:

@@ -17,7 +17,7 @@ import pytest
 
 from ingest.errors import SlotGapError
 from tests.helpers.delta_rows import read
-from tests.helpers.pg import bronze_events, capture_once, prepare
+from tests.helpers.pg import bronze_events, capture_once, drop_slot, prepare
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +28,7 @@ def _gap(s: Any, warehouse: Path) -> Any:
     prepare(src)
     s.execute("insert into items values (1), (2), (3)")
     capture_once(warehouse, src)
-    s.execute("select pg_drop_replication_slot(%s)", (src.slot_name,))
+    drop_slot(s.conn, src.slot_name)
     s.execute("delete from items where id = 1")
     s.execute("insert into items values (4)")
     return src

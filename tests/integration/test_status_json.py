@@ -12,7 +12,7 @@ import pytest
 
 from ingest.config import PostgresSource
 from tests.helpers.ingest_process import ingest, status_json, write_config
-from tests.helpers.pg import prepare
+from tests.helpers.pg import drop_slot, prepare
 from tests.helpers.scratch_pg import ScratchCluster
 
 pytestmark = pytest.mark.integration
@@ -76,7 +76,7 @@ def test_lag_past_the_threshold_and_a_dropped_slot(tmp_path: Path, make_source: 
     rc, doc = status_json(cfg)
     assert "slot_lag" not in kinds(doc), doc
 
-    s.execute("select pg_drop_replication_slot(%s)", (src.slot_name,))
+    drop_slot(s.conn, src.slot_name)
     rc, doc = status_json(cfg)
     assert (rc, doc["state"], kinds(doc)) == (LOST_OR_UNREACHABLE, "lost", ["slot_missing"]), doc
     slot = doc["sources"][0]["slot"]
