@@ -17,6 +17,16 @@ from tests.helpers.pg import bronze_events, capture_once, prepare
 pytestmark = pytest.mark.integration
 
 
+def published_tables(s: Any) -> int:
+    """How many tables the source's publication holds."""
+    with psycopg.connect(s.dsn) as c:
+        row = c.execute(
+            "select count(*) from pg_publication_tables where pubname = %s", (s.config().publication_name,)
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def test_using_index_keys_records_by_that_index_in_the_stream_and_the_snapshot(
     warehouse: Path, make_source: Any
 ) -> None:
@@ -50,11 +60,7 @@ def test_replica_identity_nothing_is_refused_before_the_publication_is_touched(m
     with pytest.raises(SourceError, match="REPLICA IDENTITY NOTHING: once published, the application's UPDATE"):
         prepare(s.config())
     s.execute("delete from items where id = 1")  # the source application is unharmed
-    with psycopg.connect(s.dsn) as c:
-        published = c.execute(
-            "select count(*) from pg_publication_tables where pubname = %s", (s.config().publication_name,)
-        ).fetchone()
-    assert published is not None and published[0] == 0
+    assert published_tables(s) == 0
 
 
 def test_a_deferrable_primary_key_under_identity_default_is_refused_before_the_publication_is_touched(
@@ -68,11 +74,7 @@ def test_a_deferrable_primary_key_under_identity_default_is_refused_before_the_p
     ):
         prepare(s.config())
     s.execute("update items set v = 'b' where id = 1")  # the source application is unharmed
-    with psycopg.connect(s.dsn) as c:
-        published = c.execute(
-            "select count(*) from pg_publication_tables where pubname = %s", (s.config().publication_name,)
-        ).fetchone()
-    assert published is not None and published[0] == 0
+    assert published_tables(s) == 0
 
 
 def test_full_identity_without_a_key_streams_keyed_by_every_column(warehouse: Path, make_source: Any) -> None:
