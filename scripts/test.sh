@@ -11,9 +11,8 @@ if [ -f dbt_project.yml ]; then echo "== sqlfluff"; bash scripts/sqlfluff.sh; fi
 echo "== pytest"
 # dbt runs 4 nodes at a time in the tests (small data: the data tests overlap; docs/dbt.md).
 export CHANGELAKE_DBT_THREADS="${CHANGELAKE_DBT_THREADS:-4}"
-# The Spark JVMs of the tests (dbt's driver, the cluster's) compile with C1 only: their runs are
-# short and their data small, so C2's compile time is not paid back (a gold test: 69 s -> 56 s).
-export CHANGELAKE_JVM_OPTS="${CHANGELAKE_JVM_OPTS:-}"  # C1-only (-XX:TieredStopAtLevel=1) filled the code cache once: off
+# (C1-only JIT via CHANGELAKE_JVM_OPTS=-XX:TieredStopAtLevel=1 was tried here: it once filled the
+# JVM's code cache in the dbt flow, so the tests keep the JVM default.)
 # Two workers (pytest-xdist): one runs the Spark and dbt modules in order, the other the
 # PostgreSQL, MongoDB and unit modules, which mostly wait on servers (tests/conftest.py's
 # scheduler). CHANGELAKE_TEST_WORKERS=0 runs everything in this process, one test at a time.

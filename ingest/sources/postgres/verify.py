@@ -124,13 +124,16 @@ class VerifySnapshot:
 
         compiled = native.row_encoder(encoders, keys_json, columns, key_positions)
 
+        def python_row(values: list[bytes | None]) -> Row:
+            record, _ = encode_record(table, keys_json, encoders, columns, values)
+            return encode_key(table, keys_json, encoders, key_positions, values), record
+
         def python_rows(lines: bytes) -> list[Row]:
             # The path that names a value that does not map (encode_record raises, as for a page).
             batch = []
             for line in lines[:-1].split(b"\n"):
                 values = [None if f == b"\\N" else _copy_unescape(f) for f in line.split(b"\t")]
-                record, _ = encode_record(table, keys_json, encoders, columns, values)
-                batch.append((encode_key(table, keys_json, encoders, key_positions, values), record))
+                batch.append(python_row(values))
             return batch
 
         def copy_rows() -> Iterator[list[Row]]:
@@ -165,8 +168,7 @@ class VerifySnapshot:
                 batch = []
                 for r in range(res.ntuples):
                     values = [None if (v := res.get_value(r, c)) is None else bytes(v) for c in width]
-                    record, _ = encode_record(table, keys_json, encoders, columns, values)
-                    batch.append((encode_key(table, keys_json, encoders, key_positions, values), record))
+                    batch.append(python_row(values))
                 yield batch
             self._exec(b"close " + name)
 
