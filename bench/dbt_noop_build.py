@@ -46,8 +46,12 @@ _spec.loader.exec_module(scaling)
 
 
 def run_build(wh: Path, work: Path, label: str, args: list[str]) -> dict[str, Any]:
-    """One dbt process on warehouse `wh`: its wall time, dbt's elapsed time and per-node times."""
-    target, logs = work / f"target-{label}", work / f"logs-{label}"
+    """One dbt process on warehouse `wh`: its wall time, dbt's elapsed time and per-node times.
+
+    Every build of a warehouse shares one target directory, as a scheduled project's runs share
+    its target/: dbt parses the project in full once and partially (its saved manifest) after.
+    """
+    target, logs = work / "target", work / f"logs-{label}"
     env = dict(
         os.environ,
         PWD=str(ROOT),
@@ -61,6 +65,8 @@ def run_build(wh: Path, work: Path, label: str, args: list[str]) -> dict[str, An
     wall = time.monotonic() - t0
     results_file = target / "run_results.json"
     results = json.loads(results_file.read_text()) if results_file.exists() else {"results": []}
+    if results_file.exists():
+        results_file.rename(work / f"run_results-{label}.json")
     # A failing data test is reported, not fatal: the timing still holds; an erroring node is fatal.
     failed = [
         f"{res['unique_id']} ({res['status']})"

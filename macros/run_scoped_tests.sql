@@ -64,12 +64,12 @@
 {% macro changelake_test_inputs_unchanged() %}
     {#-
         True when this run left every model the current test reads as the last run left it: each
-        is configured with skip_when and its condition holds this run (changelake_run_state), so
-        the test would read exactly what the last run's check read. Never with var
+        was skipped in this invocation (its skip_when held; changelake_skipped_model records it),
+        so the test would read exactly what the last run's check read. Never with var
         changelake_full_tests, with changelake_skip_unchanged false, or when no node of this
-        invocation read the positions (a plain `dbt test`); never for a test reading a model
-        without skip_when. A test whose skip_when_unchanged names a condition (e.g. 'nothing_new')
-        is skipped when that condition holds.
+        invocation read the positions (a plain `dbt test`); never for a test reading a model this
+        invocation built or did not select. A test whose skip_when_unchanged names a condition
+        (e.g. 'nothing_new') is skipped when that condition holds.
     -#}
     {%- set state = changelake_run_state(compute=false) -%}
     {%- if changelake_full_tests() or state is none or not var('changelake_skip_unchanged', true) -%}
@@ -84,9 +84,12 @@
     {%- if not models -%}
         {{ return(false) }}
     {%- endif -%}
+    {%- set skipped = graph.get('changelake_skipped_models') -%}
+    {%- if not skipped or skipped.invocation_id != invocation_id -%}
+        {{ return(false) }}
+    {%- endif -%}
     {%- for unique_id in models -%}
-        {%- set skip_when = graph.nodes[unique_id].config.get('skip_when') -%}
-        {%- if skip_when is none or not state.get(skip_when) -%}
+        {%- if unique_id not in skipped.models -%}
             {{ return(false) }}
         {%- endif -%}
     {%- endfor -%}

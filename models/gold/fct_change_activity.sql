@@ -4,6 +4,8 @@
         incremental_strategy='merge',
         unique_key=['source', 'table_schema', 'table_name', 'action', 'activity_hour'],
         partition_by=['source'],
+        skip_when='inputs_unchanged',
+        on_schema_change='append_new_columns',
     )
 }}
 
@@ -12,7 +14,10 @@
 -- (sequin_events.seq increases with position and is never reused) and adds them to the stored
 -- rows of the same hours. Counts add up across runs: every event of a transaction shares its
 -- commit position and commit time, and silver loads a transaction whole, so no transaction is
--- counted in two runs. Full refresh == incremental (DESIGN §7.5).
+-- counted in two runs. Full refresh == incremental (DESIGN §7.5). A run whose input
+-- (sequin_events) is at the Delta version the last run counted is skipped (skip_when), so a
+-- scheduled build with nothing new starts no Spark job here, and one after a `dbt run --select
+-- silver` still counts what that run loaded.
 
 with
 
@@ -57,7 +62,9 @@ new_counts as (
         count(*) as change_count,
         count(distinct transaction_id) as transaction_count,
         min(seq) as first_seq,
-        max(seq) as last_seq
+        max(seq) as last_seq,
+        max_by(commit_lsn, seq) as last_commit_lsn,
+        max_by(commit_timestamp, seq) as last_event_at
     from new_events
     group by
         source,
@@ -69,11 +76,27 @@ new_counts as (
 ),
 
 {% if is_incremental() %}
+    {#- A table counted before last_commit_lsn and last_event_at existed gets them (nulls) from
+        on_schema_change; until then its rows give nulls here. -#}
+    {%- set stored_columns = adapter.get_columns_in_relation(this) | map(attribute='name') | list %}
     stored_counts as (
 
         -- The stored rows of the hours this run adds to (table_schema and table_name are never
         -- null: sequin_events holds row changes and truncates, not logical messages).
-        select stored.*
+        select
+            stored.source,
+            stored.table_schema,
+            stored.table_name,
+            stored.action,
+            stored.activity_hour,
+            stored.change_count,
+            stored.transaction_count,
+            stored.first_seq,
+            stored.last_seq,
+            {{ 'stored.last_commit_lsn' if 'last_commit_lsn' in stored_columns
+                else 'cast(null as bigint)' }} as last_commit_lsn,
+            {{ 'stored.last_event_at' if 'last_event_at' in stored_columns
+                else 'cast(null as timestamp)' }} as last_event_at
         from {{ this }} as stored
         left semi join new_counts
             on
@@ -107,7 +130,9 @@ final as (
         sum(change_count) as change_count,
         sum(transaction_count) as transaction_count,
         min(first_seq) as first_seq,
-        max(last_seq) as last_seq
+        max(last_seq) as last_seq,
+        max_by(last_commit_lsn, last_seq) as last_commit_lsn,
+        max_by(last_event_at, last_seq) as last_event_at
     from all_counts
     group by
         source,

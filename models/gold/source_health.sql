@@ -9,6 +9,12 @@ safe_bounds as (
 
 ),
 
+change_activity as (
+
+    select * from {{ ref('fct_change_activity') }}
+
+),
+
 sequin_events as (
 
     select * from {{ ref('sequin_events') }}
@@ -58,13 +64,27 @@ snapshot_activity as (
 
 event_activity as (
 
+    -- The last event from the hourly counts (small: they grow with hours, not with events).
     select
         source,
-        max(seq) as last_seq,
-        max_by(commit_lsn, seq) as last_commit_lsn,
-        max_by(commit_timestamp, seq) as last_event_at,
-        count_if(commit_timestamp >= current_timestamp() - interval 1 hour) as events_last_hour
+        max(last_seq) as last_seq,
+        max_by(last_commit_lsn, last_seq) as last_commit_lsn,
+        max_by(last_event_at, last_seq) as last_event_at
+    from change_activity
+    group by source
+
+),
+
+recent_events as (
+
+    -- current_timestamp() is one constant per query, so Delta's file statistics on
+    -- commit_timestamp skip every file of older events: this reads the last hour's files, not
+    -- the whole history.
+    select
+        source,
+        count(*) as events_last_hour
     from sequin_events
+    where commit_timestamp >= current_timestamp() - interval 1 hour
     group by source
 
 ),
@@ -82,7 +102,7 @@ final as (
         cast(
             unix_timestamp(current_timestamp()) - unix_timestamp(event_activity.last_event_at) as bigint
         ) as lag_seconds,
-        coalesce(event_activity.events_last_hour, 0) as events_last_hour,
+        coalesce(recent_events.events_last_hour, 0) as events_last_hour,
         safe_bounds.writer_count,
         safe_bounds.positions_updated_at,
         coalesce(snapshot_activity.snapshots_running, 0) as snapshots_running,
@@ -98,6 +118,8 @@ final as (
     from safe_bounds
     left join event_activity
         on safe_bounds.source = event_activity.source
+    left join recent_events
+        on safe_bounds.source = recent_events.source
     left join snapshot_activity
         on safe_bounds.source = snapshot_activity.source
     left join verification_activity

@@ -1,5 +1,8 @@
+{{ config(skip_when='inputs_unchanged') }}
+
 -- One row per table per `changelake-ingest verify` run (docs/verify.md), with whether it is the
--- table's latest verification; source_health summarises the latest ones.
+-- table's latest verification; source_health summarises the latest ones. Rebuilt only when
+-- bronze.verification_runs got a commit since the last build (skip_when).
 
 with
 
