@@ -1,5 +1,11 @@
+{{ config(materialized='view') }}
+
 -- One row per source: its safe bound, how far silver lags behind what ingest has observed, recent
--- activity, snapshot progress and the latest verification of each of its tables, as of this run.
+-- activity, snapshot progress and the latest verification of each of its tables. A view: the
+-- time-relative columns (lag_seconds, events_last_hour, measured_at) are those of the moment it is
+-- read, and a run builds nothing for it. Every input is small (a row per source, per snapshot, per
+-- verified table, per hour of activity) but for the last hour of sequin_events, which Delta's file
+-- statistics prune to.
 
 with
 

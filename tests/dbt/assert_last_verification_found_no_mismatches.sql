@@ -16,6 +16,7 @@ select
     source,
     last_verified_at,
     tables_mismatched,
-    verification_mismatches
+    verification_mismatches,
+    tables_verified_equal
 from source_health
 where tables_mismatched > 0

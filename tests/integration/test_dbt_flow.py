@@ -130,7 +130,7 @@ def test_ingest_and_dbt_build_reproduce_the_source(warehouse: Path, make_source:
     out = dbt(warehouse, "run")
     assert {t: frozen(silver(warehouse, t)) for t in before} == before
     # Issue 21, nothing new: no model of it ran a statement and no table of it got a Delta commit
-    # (source_health, a health snapshot "as of the run", is the one table rebuilt).
+    # (source_health is a view: a run only re-creates it).
     assert silver_versions(warehouse) == versions
     assert out.count("skipped: nothing new past the loaded safe bound") == 4, out  # record_history too
     assert out.count("skipped: positions unchanged") == 3 and "skipped: bounds already loaded" in out, out

@@ -15,9 +15,11 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
@@ -151,7 +153,10 @@ def test_verify_finds_exactly_the_corrupted_keys_and_nothing_under_load(
         DBT_LOG_PATH=str(tmp_path / "dbt-logs"),
     )
     p = subprocess.run(
-        [str(DBT), "build", "--select", "verification_runs", "source_health", "--project-dir", str(ROOT)],
+        [
+            *(str(DBT), "build", "--select", "verification_runs", "source_health"),
+            *("--store-failures", "--project-dir", str(ROOT)),
+        ],
         env=env,
         cwd=ROOT,
         capture_output=True,
@@ -159,6 +164,10 @@ def test_verify_finds_exactly_the_corrupted_keys_and_nothing_under_load(
         timeout=600,
     )
     assert p.returncode == 1 and "assert_last_verification_found_no_mismatches" in p.stdout, p.stdout[-4000:]
-    (health,) = read(warehouse / "dbt" / "gold.db" / "source_health", f"source = '{s.name}'")
+    # source_health is a view: its failing rows, as the test stored them (--store-failures), are a
+    # table (Parquet: dbt-spark's default format for stored test failures).
+    audit = warehouse / "dbt" / "dbt_test__audit.db" / "assert_last_verification_found_no_mismatches"
+    (row,) = [r for r in pq.read_table(audit).to_pylist() if r["source"] == s.name]
+    health = SimpleNamespace(**row)
     assert (health.tables_mismatched, health.verification_mismatches, health.tables_verified_equal) == (1, 3, 0)
     assert health.last_verified_at is not None
