@@ -209,6 +209,15 @@ def status_report(cfg: Config, source: str | None) -> dict[str, Any]:
     return report(healths, now)
 
 
+def _verify_default_tables(src: PostgresSource | MongoSource) -> list[str]:
+    """What `verify` without tables compares: a Postgres source's tables, a MongoDB source's collections."""
+    if isinstance(src, PostgresSource):
+        return list(src.tables)
+    from ingest.sources.mongodb.verify import default_tables
+
+    return default_tables(src)
+
+
 def verify(
     cfg: Config,
     tables: list[str],
@@ -230,27 +239,29 @@ def verify(
     for table in tables:
         candidates = [s for s in chosen if s.captures(table)]
         if not candidates:
-            raise ConfigError(f"no configured source captures {table!r} (list it under sources.<n>.tables)")
+            raise ConfigError(
+                f"no configured source captures {table!r} (list it under sources.<n>.tables, or .collections)"
+            )
         if len(candidates) > 1:
             names = ", ".join(s.name for s in candidates)
             raise ConfigError(f"{table} is captured by several sources ({names}); pass --source NAME")
         by_source.setdefault(candidates[0].name, []).append(table)
     if not tables:
-        by_source = {s.name: list(getattr(cfg.source(s.name), "tables", [])) for s in chosen}
-    for name in by_source:
-        if not isinstance(cfg.source(name), PostgresSource):
-            raise ConfigError(
-                f"source {name}: verify is not supported yet for MongoDB sources (only Postgres sources can be "
-                "verified; pass --source NAME of a Postgres source)"
-            )
+        by_source = {s.name: _verify_default_tables(cfg.source(s.name)) for s in chosen}
     writer = _writer(cfg)
     run = Run()
-    from ingest.sources.postgres.verify import verify_tables
-
     for name, listed in by_source.items():
         src_cfg = cfg.source(name)
-        assert isinstance(src_cfg, PostgresSource)
-        run.results += verify_tables(src_cfg, writer, listed, wait_s, range_rows, max_keys, show_progress, run.run_id)
+        if isinstance(src_cfg, PostgresSource):
+            from ingest.sources.postgres.verify import verify_tables
+
+            run.results += verify_tables(
+                src_cfg, writer, listed, wait_s, range_rows, max_keys, show_progress, run.run_id
+            )
+        else:
+            from ingest.sources.mongodb.verify import verify_collections
+
+            run.results += verify_collections(src_cfg, writer, listed, wait_s, range_rows, max_keys, show_progress)
     run.finished_at = datetime.now(UTC)
     record_run(writer, run)
     formats = {s.name: s.format_position for s in chosen}

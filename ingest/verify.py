@@ -39,6 +39,7 @@ from ingest.bronze.schemas import SNAPSHOT_PAGES_TABLE, VERIFICATION_RUNS_TABLE,
 from ingest.bronze.state import sql_str
 from ingest.bronze.writer import BronzeWriter
 from ingest.errors import BronzeWriteError
+from ingest.positions import SourcePositions
 
 # Exit codes of `verify`, apart from those of status --json (0, 3, 4, 5) and every command's 1, 2, 75.
 EXIT_EQUAL = 0
@@ -86,6 +87,7 @@ class TableResult:
     extra_keys: list[str] = field(default_factory=list)
     different_keys: list[tuple[str, list[str]]] = field(default_factory=list)
     seconds: float = 0.0
+    attempts: int = 1  # passes over the source (more than one: a read without isolation raced a write)
 
     def not_verified(self, reason: str) -> TableResult:
         """Mark the table as not comparable, saying why."""
@@ -121,6 +123,7 @@ class TableResult:
             "extra_keys": self.extra_keys,
             "different_keys": [{"key": k, "columns": c} for k, c in self.different_keys],
             "seconds": round(self.seconds, 3),
+            "attempts": self.attempts,
         }
 
     def line(self, fmt: Callable[[int], str]) -> str:
@@ -274,6 +277,18 @@ def compare(
 
 
 # -- silver and bronze -----------------------------------------------------------------------
+
+WAIT_POLL_S = 0.5
+
+
+def wait_for_bronze(writer: BronzeWriter, source: str, position: int, wait_s: float) -> int | None:
+    """Poll bronze's safe bound until it passes `position`; the bound last seen (None: no writer)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        bound = SourcePositions.read(writer, source).safe_bound
+        if bound is not None and bound >= position or time.monotonic() >= deadline:
+            return bound
+        time.sleep(WAIT_POLL_S)
 
 
 def silver_path(writer: BronzeWriter, reread_from: str | None = None) -> str:

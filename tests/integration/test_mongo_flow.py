@@ -28,6 +28,7 @@ from ingest.progress import Progress
 from ingest.sources.mongodb.capture import MongoCapture
 from ingest.sources.mongodb.changes import from_ext_json, record_key
 from ingest.sources.mongodb.stream import parse_stored_token
+from ingest.sources.mongodb.verify import verify_collections
 from tests.helpers.delta_rows import read
 from tests.helpers.pg import bronze_events
 from tests.helpers.silver import NO_UNIT_TESTS, dbt, silver
@@ -234,6 +235,10 @@ def test_stream_to_dbt_consumer_records_equal_the_collection(warehouse: Path, mo
     assert (p2.qty, str(p2.price)) == (20, "0.50")
     assert gold[str(product(3)["_id"])].price is None  # replaced without a price
     assert set(gold) == {str(d["_id"]) for d in live.values()}
+
+    # verify (issue 18) finds the silver this real dbt build made equal to the collection.
+    (v,) = verify_collections(src, BronzeWriter(warehouse), [f"{mongo_db.name}.products"], 30.0, 1000, 100, False)
+    assert (v.status, v.source_rows, v.silver_rows, v.skipped_keys, v.mismatches) == ("equal", 8, 8, 0, 0), v
 
 
 def test_transaction_events_share_a_commit_lsn_in_order(

@@ -5,6 +5,7 @@ The end-to-end behaviour against PostgreSQL, ingest and dbt is tests/integration
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -120,11 +121,18 @@ sources:
 """
 
 
-def test_a_mongodb_source_is_refused_with_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_mongodb_source_is_verified_by_collection(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = tmp_path / "c.yml"
     cfg.write_text(MONGO.format(wh=tmp_path / "wh"))
-    assert cli.main(["-c", str(cfg), "verify", "--source", "docs"]) == cli.EXIT_USER_ERROR
-    assert "verify is not supported yet for MongoDB sources" in capsys.readouterr().err
+    # A collection of another database is no table of the source: a config error naming .collections.
+    assert cli.main(["-c", str(cfg), "verify", "other.things"]) == cli.EXIT_USER_ERROR
+    assert "sources.<n>.tables, or .collections" in capsys.readouterr().err
+    # One of its own goes to the MongoDB verify, which says why it cannot compare yet (exit 7).
+    assert cli.main(["-c", str(cfg), "verify", "app.things", "--json"]) == EXIT_NOT_VERIFIED
+    doc = json.loads(capsys.readouterr().out)
+    (table,) = doc["tables"]
+    assert (table["source"], table["table"], table["status"]) == ("docs", "app.things", "not_verified")
+    assert "bronze does not exist yet" in table["reason"] and table["attempts"] == 1
 
 
 def test_bad_arguments_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,7 +3,8 @@
 The test server, mongo-java-server (docs/mongodb.md, "What the tests can and cannot show"), is
 one: its change events carry no `ns`, an update's `documentKey` may hold the update's operator
 instead of the `_id`, its commands report no `operationTime`, and snapshot reads return no
-`atClusterTime`. MongoDB itself (a replica set or a sharded cluster) never takes these branches.
+`atClusterTime` (so `verify` reads without isolation, verify.py). MongoDB itself (a replica set
+or a sharded cluster) never takes these branches.
 Each fallback is named here so the product code shows where, and only where, it bends.
 """
 
@@ -65,5 +66,19 @@ def warn_no_snapshot_time(source: str) -> None:
     log.warning(
         "source=%s: the server returned no atClusterTime for a snapshot read; using its cluster time "
         "after the read (not a consistent snapshot: a write racing the read may be ordered wrongly)",
+        source,
+    )
+
+
+def warn_no_verify_snapshot(source: str) -> None:
+    """Say (once per verify run) that the server gave a snapshot read no `atClusterTime`.
+
+    verify then reads each collection without isolation and keeps a pass only if the cluster time
+    did not move while it read (mongodb/verify.py); a collection written all the time is reported
+    not verified.
+    """
+    log.warning(
+        "source=%s: the server returned no atClusterTime for a snapshot read; verify reads each collection "
+        "without isolation and keeps a pass only if no write happened while it read",
         source,
     )

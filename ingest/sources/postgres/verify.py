@@ -36,13 +36,22 @@ from ingest.sources.postgres.catalog import captured_shape, table_shape
 from ingest.sources.postgres.replication import connect_value_session
 from ingest.sources.postgres.rows import encode_key, encode_record, json_keys
 from ingest.sources.postgres.values import TYPE_CATALOG_SQL, Encoder, TypeCatalog
-from ingest.verify import Progress, Row, Rows, Silver, TableResult, changed_keys, compare, silver_path
+from ingest.verify import (
+    Progress,
+    Row,
+    Rows,
+    Silver,
+    TableResult,
+    changed_keys,
+    compare,
+    silver_path,
+    wait_for_bronze,
+)
 
 log = logging.getLogger(__name__)
 
 FETCH_ROWS = 5000
 VERIFY_MESSAGE_PREFIX = "changelake.verify"
-WAIT_POLL_S = 0.5
 
 
 def xid_visible(xid32: int, xmin: int, xmax: int, xip: frozenset[int]) -> bool:
@@ -212,16 +221,6 @@ def invisible_commits(writer: BronzeWriter, source: str, snap: VerifySnapshot) -
     return sorted(int(r["commit_lsn"]) for r in rows if not xid_visible(int(r["xid"]), snap.xmin, snap.xmax, snap.xip))
 
 
-def _wait_for_bronze(writer: BronzeWriter, source: str, position: int, wait_s: float) -> int | None:
-    """Poll bronze's safe bound until it passes `position`; the bound last seen (None: no writer)."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        bound = SourcePositions.read(writer, source).safe_bound
-        if bound is not None and bound >= position or time.monotonic() >= deadline:
-            return bound
-        time.sleep(WAIT_POLL_S)
-
-
 def verify_tables(
     src: PostgresSource,
     writer: BronzeWriter,
@@ -248,7 +247,7 @@ def verify_tables(
         # A committed message after the snapshot: the stream's position passes it promptly even
         # when the source is otherwise idle (an idle stream raises its position every 10 s).
         admin.emit_message(VERIFY_MESSAGE_PREFIX, run_id)
-        bound = _wait_for_bronze(writer, src.name, snap.insert_lsn, wait_s)
+        bound = wait_for_bronze(writer, src.name, snap.insert_lsn, wait_s)
         if bound is None or bound < snap.insert_lsn:
             at = "no writer position" if bound is None else f"its safe bound {bound}"
             reason = (
