@@ -209,15 +209,6 @@ def status_report(cfg: Config, source: str | None) -> dict[str, Any]:
     return report(healths, now)
 
 
-def _verify_default_tables(src: PostgresSource | MongoSource) -> list[str]:
-    """What `verify` without tables compares: a Postgres source's tables, a MongoDB source's collections."""
-    if isinstance(src, PostgresSource):
-        return list(src.tables)
-    from ingest.sources.mongodb.verify import default_tables
-
-    return default_tables(src)
-
-
 def verify(
     cfg: Config,
     tables: list[str],
@@ -227,14 +218,15 @@ def verify(
     max_keys: int,
     show_progress: bool,
 ) -> tuple[Run, Callable[[str, int], str]]:
-    """Compare tables with silver at one snapshot of their source (docs/verify.md); the run is recorded.
+    """Compare tables with silver at one position of their source (docs/verify.md); the run is recorded.
 
-    `tables` empty: every table of the selected sources. Returns the run and how to print a
-    source's position.
+    `tables` empty: every table (every collection in scope) of the selected sources. Returns the
+    run and how to print a source's position.
     """
     from ingest.verify import Run, record_run
 
     chosen = _selected(cfg, source)
+    adapters = {s.name: s for s in chosen}
     by_source: dict[str, list[str]] = {}
     for table in tables:
         candidates = [s for s in chosen if s.captures(table)]
@@ -247,21 +239,11 @@ def verify(
             raise ConfigError(f"{table} is captured by several sources ({names}); pass --source NAME")
         by_source.setdefault(candidates[0].name, []).append(table)
     if not tables:
-        by_source = {s.name: _verify_default_tables(cfg.source(s.name)) for s in chosen}
+        by_source = {s.name: s.captured_tables() for s in chosen}
     writer = _writer(cfg)
     run = Run()
     for name, listed in by_source.items():
-        src_cfg = cfg.source(name)
-        if isinstance(src_cfg, PostgresSource):
-            from ingest.sources.postgres.verify import verify_tables
-
-            run.results += verify_tables(
-                src_cfg, writer, listed, wait_s, range_rows, max_keys, show_progress, run.run_id
-            )
-        else:
-            from ingest.sources.mongodb.verify import verify_collections
-
-            run.results += verify_collections(src_cfg, writer, listed, wait_s, range_rows, max_keys, show_progress)
+        run.results += adapters[name].verify(writer, listed, wait_s, range_rows, max_keys, show_progress, run.run_id)
     run.finished_at = datetime.now(UTC)
     record_run(writer, run)
     formats = {s.name: s.format_position for s in chosen}

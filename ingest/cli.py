@@ -44,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     su = sub.add_parser("setup", help="check the sources and create publication and slot")
     su.add_argument("--source", help="only this source")
     sn = sub.add_parser("snapshot", help="request a snapshot of one table; a running (or the next) `run` takes it")
-    sn.add_argument("table", help="schema.table, as listed in the config")
+    sn.add_argument("table", help="schema.table (database.collection of a MongoDB source), as listed in the config")
     sn.add_argument("--source", help="the source capturing the table (needed if several do)")
     s = sub.add_parser("status", help="positions, safe bound, slot lag, WAL status and snapshot progress")
     s.add_argument("--source", help="only this source")
@@ -56,7 +56,12 @@ def _parser() -> argparse.ArgumentParser:
     v = sub.add_parser(
         "verify", help="compare source tables with silver at one position of the source (docs/verify.md)"
     )
-    v.add_argument("tables", nargs="*", metavar="schema.table", help="tables to verify (default: every configured one)")
+    v.add_argument(
+        "tables",
+        nargs="*",
+        metavar="schema.table",
+        help="tables (database.collection of a MongoDB source) to verify (default: every configured one)",
+    )
     v.add_argument("--source", help="only this source (needed if several capture a table)")
     v.add_argument(
         "--json",
@@ -68,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=120.0,
         metavar="S",
-        help="wait up to S seconds for bronze to pass the snapshot's position (default 120)",
+        help="wait up to S seconds for bronze to reach the position the source is read at (default 120)",
     )
     v.add_argument("--range-rows", type=int, default=1000, metavar="N", help="rows per checksum range (default 1000)")
     v.add_argument("--max-keys", type=int, default=100, metavar="N", help="keys listed per kind (default 100)")

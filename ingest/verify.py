@@ -2,8 +2,9 @@
 
 Source-independent parts live here: range checksums and the bisection to keys, the silver and
 bronze reads (delta-rs; ingest never starts Spark), the result rows in bronze.verification_runs
-and the `--json` document. The source adapter (ingest/sources/postgres/verify.py) reads the source
-inside one MVCC snapshot and says which position that snapshot is.
+and the `--json` document. The source adapters read the source at one position and say which:
+ingest/sources/postgres/verify.py inside one MVCC snapshot, ingest/sources/mongodb/verify.py at
+one cluster time.
 
 The comparison, for a table, at position P (every change at or before P is in the source's
 snapshot, none after it):
@@ -52,7 +53,7 @@ MAX_KEYS = 100  # keys listed per kind (missing, extra, different); the counts a
 PROGRESS_INTERVAL_S = 2.0
 SCHEMA_VERSION = 1
 
-Row = tuple[str, str]  # (record_pk, record) as compact JSON text
+Row = tuple[str, str | None]  # (record_pk, record) as compact JSON text; silver's record can be NULL
 Rows = Callable[[], Iterator[list[Row]]]  # a fresh pass over one side, in batches
 
 
@@ -198,7 +199,7 @@ def _sums(rows: Rows, ranges: int, skip: set[str], progress: Progress, what: str
     return counts, sums, n
 
 
-def _collect(rows: Rows, ranges: int, wanted: set[int], skip: set[str]) -> dict[str, str]:
+def _collect(rows: Rows, ranges: int, wanted: set[int], skip: set[str]) -> dict[str, str | None]:
     out = {}
     for batch in rows():
         for pk, record in batch:
@@ -207,9 +208,13 @@ def _collect(rows: Rows, ranges: int, wanted: set[int], skip: set[str]) -> dict[
     return out
 
 
-def differing_columns(source: str, silver: str) -> list[str]:
-    """The columns whose values differ between two record JSON objects (absent on one side counts)."""
-    a, b = json.loads(source), json.loads(silver)
+def differing_columns(source: str | None, silver: str | None) -> list[str]:
+    """The columns whose values differ between two record JSON objects (absent on one side counts).
+
+    A NULL record has no columns: silver holds one for a MongoDB update whose document was gone
+    when ingest looked it up (`updateLookup`, docs/mongodb.md) until it folds the delete.
+    """
+    a, b = (json.loads(r) if r is not None else {} for r in (source, silver))
     return sorted(k for k in a.keys() | b.keys() if a.get(k, ...) != b.get(k, ...))
 
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from ingest.bronze.schemas import STREAM_POSITIONS_TABLE
 from ingest.bronze.writer import BronzeWriter
 from ingest.config import BatchConfig
 from ingest.events import WriterKind
 from ingest.positions import SnapshotProgress, SourcePositions
+
+if TYPE_CHECKING:
+    from ingest.verify import TableResult
 
 PositionFormat = Callable[[int], str]
 
@@ -46,6 +49,24 @@ class Source(Protocol):
 
     def format_position(self, position: int) -> str:
         """A position as this source's users read it (an LSN, a cluster time)."""
+
+    def captured_tables(self) -> list[str]:
+        """What `verify` compares when no table is named: every table (every collection in scope) now."""
+
+    def verify(
+        self,
+        writer: BronzeWriter,
+        tables: Sequence[str],
+        wait_s: float,
+        range_rows: int,
+        max_keys: int,
+        show_progress: bool,
+        run_id: str,
+    ) -> list[TableResult]:
+        """Compare `tables` with silver at one position of the source (docs/verify.md); one result per table.
+
+        Waits up to `wait_s` seconds for bronze to reach that position; `run_id` names the run.
+        """
 
 
 def bronze_status(writer: BronzeWriter, source: str, fmt: PositionFormat) -> list[str]:

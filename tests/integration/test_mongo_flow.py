@@ -238,6 +238,7 @@ def test_stream_to_dbt_consumer_records_equal_the_collection(warehouse: Path, mo
 
     # verify (issue 18) finds the silver this real dbt build made equal to the collection.
     (v,) = verify_collections(src, BronzeWriter(warehouse), [f"{mongo_db.name}.products"], 30.0, 1000, 100, False)
+    assert coll.count_documents({}) == len(live) == 8
     assert (v.status, v.source_rows, v.silver_rows, v.skipped_keys, v.mismatches) == ("equal", 8, 8, 0, 0), v
 
 

@@ -1,9 +1,10 @@
-"""The MongoDB source as the commands drive it: checks, run, snapshot requests and status."""
+"""The MongoDB source as the commands drive it: checks, run, snapshot requests, status and verify."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from ingest.bronze.writer import BronzeWriter
 from ingest.config import BatchConfig, MongoSource
@@ -12,6 +13,9 @@ from ingest.sources.mongodb.capture import MongoCapture
 from ingest.sources.mongodb.changes import unpack_cluster_time
 from ingest.sources.mongodb.snapshot import request_snapshot
 from ingest.sources.mongodb.source import cluster_time, collections, connect
+
+if TYPE_CHECKING:
+    from ingest.verify import TableResult
 
 
 class MongoAdapter:
@@ -77,3 +81,26 @@ class MongoAdapter:
         """A packed cluster time as `clusterTime <seconds>.<increment> (<UTC time>)`."""
         ts = unpack_cluster_time(position)
         return f"clusterTime {ts.time}.{ts.inc} ({datetime.fromtimestamp(ts.time, UTC):%Y-%m-%d %H:%M:%S} UTC)"
+
+    def captured_tables(self) -> list[str]:
+        """Every collection in scope now, as `database.collection`."""
+        client = connect(self.src)
+        try:
+            return [f"{self.src.database}.{c}" for c in collections(client, self.src)]
+        finally:
+            client.close()
+
+    def verify(
+        self,
+        writer: BronzeWriter,
+        tables: Sequence[str],
+        wait_s: float,
+        range_rows: int,
+        max_keys: int,
+        show_progress: bool,
+        run_id: str,
+    ) -> list[TableResult]:
+        """Compare the collections with silver at one cluster time; verify writes nothing here, so no `run_id`."""
+        from ingest.sources.mongodb.verify import verify_collections
+
+        return verify_collections(self.src, writer, tables, wait_s, range_rows, max_keys, show_progress)

@@ -1,8 +1,9 @@
-"""The Postgres source as the commands drive it: setup, run, snapshot requests and status."""
+"""The Postgres source as the commands drive it: setup, run, snapshot requests, status and verify."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from ingest.bronze.writer import BronzeWriter
 from ingest.config import BatchConfig, PostgresSource
@@ -11,6 +12,9 @@ from ingest.progress import Progress
 from ingest.sources.postgres.admin import PostgresAdmin, prepare_source
 from ingest.sources.postgres.capture import PostgresCapture
 from ingest.sources.postgres.snapshot import request_snapshot
+
+if TYPE_CHECKING:
+    from ingest.verify import TableResult
 
 
 class PostgresAdapter:
@@ -81,3 +85,22 @@ class PostgresAdapter:
     def format_position(self, position: int) -> str:
         """An LSN as Postgres prints it."""
         return int_to_lsn(position)
+
+    def captured_tables(self) -> list[str]:
+        """The configured tables."""
+        return list(self.src.tables)
+
+    def verify(
+        self,
+        writer: BronzeWriter,
+        tables: Sequence[str],
+        wait_s: float,
+        range_rows: int,
+        max_keys: int,
+        show_progress: bool,
+        run_id: str,
+    ) -> list[TableResult]:
+        """Compare the tables with silver in one snapshot; `run_id` is the content of the message it commits."""
+        from ingest.sources.postgres.verify import verify_tables
+
+        return verify_tables(self.src, writer, tables, wait_s, range_rows, max_keys, show_progress, run_id)
