@@ -5,10 +5,14 @@ in its own fresh warehouse, with the synthetic bronze of bench/dbt_merge_scaling
 same 100k-event batch shape):
   1. bronze history of H events, then `dbt run` of every model (not measured);
   2. MEASURED, --repeat times: `dbt build --exclude-resource-type unit_test` with nothing new in
-     bronze (what ops/scheduled_job.sh runs; unit tests are for CI);
+     bronze (what ops/scheduled_job.sh runs; unit tests are for CI); with several sizes, step 1 is
+     done for every size first and the no-op builds alternate between the warehouses;
   3. the batch (--batch events, plus re-delivered duplicates) appended to bronze, positions raised;
   4. MEASURED: the same `dbt build` taking the batch; then silver is checked against the generated
      data (row counts and max seq from the Delta log statistics).
+With --thrift, between 2 and 3: the Spark Thrift Server of scripts/cluster.sh is started on the same
+warehouse (not measured) and the no-op build is MEASURED --repeat times with `--target cluster` (the
+long-lived Spark docs/dbt.md recommends for frequent schedules), then the cluster is stopped.
 Prints per size the wall times (dbt process, JVM start included) and, per model, dbt's
 execution_time, then the line `P2b` with the no-op build, the batch build and their ratio (goal
 <= 0.2) for the smallest size and, with two sizes, the line `P2b history` with no-op(largest H) /
@@ -16,7 +20,7 @@ no-op(smallest H) (goal <= 1.1).
 
 Only one Spark/dbt process runs at a time; run it under the Spark lock. Usage:
   .venv/bin/python bench/dbt_noop_build.py [--history 1000000 [10000000]] [--batch 100000]
-      [--tables 10] [--touched-tables 2] [--repeat 2] [--workdir DIR] [--keep]
+      [--tables 10] [--touched-tables 2] [--repeat 2] [--thrift] [--workdir DIR] [--keep]
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import json
 import os
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -91,6 +96,19 @@ def run_build(wh: Path, work: Path, label: str, args: list[str]) -> dict[str, An
     }
 
 
+def thrift_noop_builds(wh: Path, work: Path, repeat: int) -> list[dict[str, Any]]:
+    """The no-op build on the `cluster` target: a Thrift server started (not measured) on `wh`."""
+    env = dict(os.environ, CHANGELAKE_WAREHOUSE=str(wh), CHANGELAKE_STATE=str(work / "state"))
+    cluster = ["bash", str(ROOT / "scripts" / "cluster.sh")]
+    t0 = time.monotonic()
+    subprocess.run([*cluster, "up"], env=env, cwd=ROOT, check=True, capture_output=True)
+    print(f"  Thrift server up in {time.monotonic() - t0:.0f}s (not measured)", flush=True)
+    try:
+        return [run_build(wh, work, f"thrift-noop-{i + 1}", [*BUILD, "--target", "cluster"]) for i in range(repeat)]
+    finally:
+        subprocess.run([*cluster, "down"], env=env, cwd=ROOT, check=True, capture_output=True)
+
+
 def first_node_delay(log: Path) -> float | None:
     """Seconds from the dbt process's first log line to the first node's start (dbt.log timestamps)."""
     first = start = None
@@ -127,6 +145,7 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=2, help="no-op builds per size")
     p.add_argument("--workdir", type=Path, help="parent of the warehouses (default: a new temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the warehouses and logs")
+    p.add_argument("--thrift", action="store_true", help="also measure the no-op build on the Thrift-server target")
     args = p.parse_args()
     if args.touched_tables > args.tables or min(args.history) < 3 * args.tables:
         raise SystemExit("need --touched-tables <= --tables and every history >= 3 * tables")
@@ -147,7 +166,7 @@ def main() -> None:
             shutil.rmtree(hw, ignore_errors=True)
             wh = hw / "warehouse"
             wh.mkdir(parents=True)
-            r: dict[str, Any] = {"history": history}
+            r: dict[str, Any] = {"history": history, "hw": hw, "wh": wh, "noop": []}
             r["gen_history"], _ = scaling.run_step("history", str(wh), str(history), str(args.tables))
             r["build"] = run_build(wh, hw, "history", ["run"])
             print(
@@ -156,31 +175,45 @@ def main() -> None:
             )
             want = scaling.expected(history, args.batch)
             scaling.quick_check(wh, want["history_events"], want["history_keys"], "history build")
-            r["noop"] = [run_build(wh, hw, f"noop-{i + 1}", BUILD) for i in range(args.repeat)]
-            for i, run in enumerate(r["noop"], 1):
-                print(f"[H={history:,}] no-op build {i}: {summary(run)}", flush=True)
+            rows.append(r)
+        # The no-op builds alternate between the warehouses, so that a slower spell of the machine
+        # falls on every size alike rather than on one.
+        for i in range(args.repeat):
+            for r in rows:
+                r["noop"].append(run_build(r["wh"], r["hw"], f"noop-{i + 1}", BUILD))
+                print(f"[H={r['history']:,}] no-op build {i + 1}: {summary(r['noop'][-1])}", flush=True)
+        for r in rows if args.thrift else []:
+            r["thrift"] = thrift_noop_builds(r["wh"], r["hw"], args.repeat)
+            for i, run in enumerate(r["thrift"], 1):
+                print(f"[H={r['history']:,}] no-op build {i}, Thrift target: {summary(run)}", flush=True)
+        for r in rows:
+            history, wh = r["history"], r["wh"]
+            want = scaling.expected(history, args.batch)
             scaling.run_step(
                 "batch", str(wh), str(history), str(args.batch), str(args.tables), ",".join(map(str, touched))
             )
-            r["batch"] = run_build(wh, hw, "batch", BUILD)
+            r["batch"] = run_build(wh, r["hw"], "batch", BUILD)
             scaling.quick_check(wh, want["events"], want["keys"], "batch build")
             print(f"[H={history:,}] batch build: {summary(r['batch'])}", flush=True)
-            rows.append(r)
     finally:
         if args.keep:
             print(f"kept: {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)
-    if not rows:
+    if not rows or any("batch" not in r for r in rows):
         return
     print()
     for r in rows:
         noop = min(x["wall"] for x in r["noop"])
         walls = ", ".join(f"{x['wall']:.1f}s" for x in r["noop"])
         print(
-            f"H={r['history']:,}: no-op builds {walls} (best {noop:.1f}s); {args.batch:,}-event build "
+            f"H={r['history']:,}: no-op builds {walls} (best {noop:.1f}s, median "
+            f"{statistics.median(x['wall'] for x in r['noop']):.1f}s); {args.batch:,}-event build "
             f"{r['batch']['wall']:.1f}s"
         )
+        if "thrift" in r:
+            walls = ", ".join(f"{x['wall']:.1f}s" for x in r["thrift"])
+            print(f"H={r['history']:,}: no-op builds on the Thrift-server target {walls}")
     lo = rows[0]
     noop, batch = min(x["wall"] for x in lo["noop"]), lo["batch"]["wall"]
     print(
@@ -190,9 +223,11 @@ def main() -> None:
     if len(rows) > 1:
         hi = rows[-1]
         hi_noop = min(x["wall"] for x in hi["noop"])
+        hi_med, lo_med = (statistics.median(x["wall"] for x in r["noop"]) for r in (hi, lo))
         print(
             f"P2b history no-op(H={hi['history']:,}) {hi_noop:.1f}s / no-op(H={lo['history']:,}) {noop:.1f}s "
-            f"= {hi_noop / noop:.2f} (goal <= 1.1)"
+            f"= {hi_noop / noop:.2f} (goal <= 1.1; best of {args.repeat} each; medians {hi_med:.1f}s / "
+            f"{lo_med:.1f}s = {hi_med / lo_med:.2f})"
         )
 
 
