@@ -217,7 +217,7 @@ def main() -> None:
     lo = rows[0]
     noop, batch = min(x["wall"] for x in lo["noop"]), lo["batch"]["wall"]
     print(
-        f"P2b no-op dbt build {noop:.1f}s, {args.batch:,}-event dbt build {batch:.1f}s, ratio {noop / batch:.2f} "
+        f"P2b no-op dbt build {noop:.1f}s, {args.batch:,}-event dbt build {batch:.1f}s, ratio {noop / batch:.3f} "
         f"(goal <= 0.2; H={lo['history']:,})"
     )
     if len(rows) > 1:
@@ -226,8 +226,8 @@ def main() -> None:
         hi_med, lo_med = (statistics.median(x["wall"] for x in r["noop"]) for r in (hi, lo))
         print(
             f"P2b history no-op(H={hi['history']:,}) {hi_noop:.1f}s / no-op(H={lo['history']:,}) {noop:.1f}s "
-            f"= {hi_noop / noop:.2f} (goal <= 1.1; best of {args.repeat} each; medians {hi_med:.1f}s / "
-            f"{lo_med:.1f}s = {hi_med / lo_med:.2f})"
+            f"= {hi_noop / noop:.3f} (goal <= 1.1; best of {args.repeat} each; medians {hi_med:.1f}s / "
+            f"{lo_med:.1f}s = {hi_med / lo_med:.3f})"
         )
 
 
