@@ -19,6 +19,8 @@ from tests.helpers.pg import bronze_events, capture_once, prepare
 
 pytestmark = pytest.mark.integration
 
+ATTEMPTS = 5  # of the stop-at-commit scenario, which other sessions' WAL can spoil
+
 
 def _commit_lsn_of_next_commit(dsn: str) -> int:
     from ingest.events import lsn_to_int
@@ -41,14 +43,14 @@ def test_a_transaction_committing_exactly_at_the_stop_position_is_captured(
     from ingest.sources.postgres import capture
 
     monkeypatch.setattr(capture, "STATUS_INTERVAL_S", 1.0)  # a status round trip a second, not every 10 s
-    for attempt in range(5):
+    for attempt in range(ATTEMPTS):
         ack_lsn, durable_lsn, held_commit = _attempt(warehouse / f"{attempt}", make_source, pg_dsn)
         if ack_lsn == held_commit:
             # The stop acknowledged exactly where the held transaction then committed, and the row
             # calls durable only what lies strictly before it.
             assert durable_lsn < held_commit
             return
-    pytest.fail("other sessions wrote WAL between the stop and the held commit in all 5 attempts")
+    pytest.fail(f"other sessions wrote WAL between the stop and the held commit in all {ATTEMPTS} attempts")
 
 
 def _attempt(warehouse: Any, make_source: Any, pg_dsn: str) -> tuple[int, int, int]:
