@@ -286,6 +286,7 @@ class _Collections:
             )
         skip = changed.keys | self.silver.unusable_keys(self.src.name, db, coll, position)
         r.skipped_keys = len(skip)
+        r.reread_keys = len(self.silver.reread_keys(self.src.name, db, coll))
         try:
             return compare(
                 r,

@@ -283,6 +283,7 @@ def verify_tables(
                 continue
             skip = changed.keys | silver.unusable_keys(src.name, schema, name, position)
             r.skipped_keys = len(skip)
+            r.reread_keys = len(silver.reread_keys(src.name, schema, name))
             encoders = [types.column_encoder(oid) for oid in shape.type_oids]
             if mask is not None and mask.mask:
                 hashed = mask.encoder()
