@@ -235,3 +235,38 @@ def test_a_dropped_table_is_tombstoned_after_its_last_change(warehouse: Path, ma
         ("gone", "truncate", [f"{s.schema}.gone"]),
     ]
     assert events[-1].message_prefix == "changelake.tableGone"
+
+
+def test_add_column_with_a_default_during_a_continuous_run_resnapshots_the_table(
+    warehouse: Path, make_source: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """W9 residual: a continuous run met the change only on a row change of that table, or at the next start.
+
+    Only another table changes after the ALTER: no Relation message of the altered table comes.
+    """
+    from tests.helpers.bronze_fold import live_records, table_rows
+    from tests.helpers.capture_thread import ContinuousCapture
+
+    monkeypatch.setattr("ingest.sources.postgres.capture.SHAPE_CHECK_INTERVAL_S", 1.0)
+    s = make_source(
+        "create table items (id int primary key, v text); create table other (id int primary key)", ["items", "other"]
+    )
+    s.execute("insert into items values (1, 'a'), (2, 'b')")
+    src = s.config()
+    prepare(src)
+    items = f"{s.schema}.items"
+
+    def items_match() -> bool:
+        return live_records(warehouse, s.name).get(items) == table_rows(s.conn, items)
+
+    n = iter(range(1_000_000))
+    with ContinuousCapture(warehouse, src) as run:
+        run.wait_for(items_match, 60, "items snapshotted")
+        s.execute("alter table items add column status text not null default 'active'")
+        run.wait_for(
+            items_match,
+            60,
+            "the default in bronze",
+            tick=lambda: s.execute("insert into other values (%s)", (next(n),)),
+        )
+    assert [len(recs) for recs in snapshots_of(warehouse, s.name)] == [2, 2]  # the initial one, and the new one

@@ -26,11 +26,12 @@ from ingest.positions import STREAM_WRITER_ID, SourcePositions
 from ingest.progress import Progress
 from ingest.sources.postgres.admin import DRAIN_PREFIX, HEARTBEAT_PREFIX, PostgresAdmin, prepare_source
 from ingest.sources.postgres.catalog import PgCatalog
-from ingest.sources.postgres.changes import ChangeBuilder, TxnEnd
+from ingest.sources.postgres.changes import TABLE_GONE_PREFIX, Catalog, ChangeBuilder, TxnEnd
 from ingest.sources.postgres.pages import Hook
+from ingest.sources.postgres.published import publish_again
 from ingest.sources.postgres.replication import Keepalive, ReplicationStream, XLogData
 from ingest.sources.postgres.schema_changes import relation_now, resnapshot_reason
-from ingest.sources.postgres.snapshot import Snapshotter
+from ingest.sources.postgres.snapshot import Snapshotter, cannot_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,10 @@ BURST_MESSAGES = 256
 # The first batch of a run is small, so that the commit thread starts writing while the next
 # (full) batch decodes instead of after it.
 WARMUP_BATCH_EVENTS = 10_000
+# A continuous run compares the configured tables' catalog shapes and relations with the recorded
+# ones this often: a change that alters rows without WAL (ADD COLUMN ... DEFAULT), or a table
+# replaced under its name (never in the publication), sends nothing the stream could meet.
+SHAPE_CHECK_INTERVAL_S = 60.0
 
 
 class PostgresCapture:
@@ -174,22 +179,59 @@ class PostgresCapture:
         table = f"{after.table_schema}.{after.table_name}"
         if not self.snapshots or table not in self.src.tables:
             return
+        if before.relation_id != after.relation_id:
+            self._table_replaced(admin, table, before, after)
+            return
         reason = resnapshot_reason(admin, before, after)
         if reason is None:
+            return
+        refusal = cannot_snapshot(admin, table)
+        if refusal is not None:  # queued, it would only be dropped by the snapshotter
+            log.warning("table %s changed shape (%s), and cannot be re-snapshotted: %s", table, reason, refusal)
             return
         log.warning("table %s changed shape (%s): re-snapshotting it", table, reason)
         self.snapshotter.request([table], lambda: admin.slot_health().current_wal_lsn)
 
-    def _record_shapes_now(
-        self, admin: PostgresAdmin, catalog: PgCatalog, known: dict[tuple[str, str], RelationShape]
-    ) -> None:
-        """At start: record each captured table's shape as the catalog has it now, if it changed (W9).
+    def _table_replaced(self, admin: PostgresAdmin, table: str, before: RelationShape, after: RelationShape) -> None:
+        """A configured table is another relation now (dropped and recreated, or another one renamed to it).
 
+        Silver holds the old table's records and none of the new one's rows (a new relation is not in
+        a publication that names tables, and its rows were never sent). Publish it, have the stream
+        truncate the name's records where it meets the message emitted here (after every change of
+        the old table in WAL order, before the snapshot's pages), then snapshot it. The new shape
+        is recorded after these, so an interruption meets the replacement again at the next start.
+        """
+        log.warning(
+            "table %s was replaced (relation %d, now %d: dropped and recreated, or another table renamed to it): "
+            "tombstoning its records and re-snapshotting it",
+            table,
+            before.relation_id,
+            after.relation_id,
+        )
+        publish_again(admin, table)
+        admin.emit_message(TABLE_GONE_PREFIX, table)
+        refusal = cannot_snapshot(admin, table)
+        if refusal is not None:
+            log.warning(
+                "table %s cannot be snapshotted (%s): its rows reach silver only as they change", table, refusal
+            )
+            return
+        self.snapshotter.request([table], lambda: admin.slot_health().current_wal_lsn)
+
+    def _record_shapes_now(
+        self, admin: PostgresAdmin, catalog: Catalog, known: dict[tuple[str, str], RelationShape]
+    ) -> list[RelationShape]:
+        """Each captured table's shape as the catalog has it now, where it differs from `known` (W9).
+
+        Called at start and every SHAPE_CHECK_INTERVAL_S of a continuous run (with snapshots on).
         An `ADD COLUMN ... DEFAULT` (or a drop or retype) sends nothing until the table's next row
-        change, and a table nobody writes to after it would never be brought in: the change is
-        met here instead, answered like one the stream meets (a re-snapshot, requested first), and
-        the shape recorded at the server's current position, so the next start does not meet it
-        again. Older Relation messages the stream still has to send sort below it (`take_shapes`).
+        change, and a table nobody writes to after it would never be brought in; a table replaced
+        under its name (another relation) is not even published. Such a change is met here
+        instead, answered like one the stream meets (a re-snapshot, or a tombstone and a snapshot,
+        requested first), and `known` updated; the caller records the returned shapes (at the
+        server's current position, so the next check does not meet them again; older Relation
+        messages the stream still has to send sort below it, `take_shapes`). A table without a
+        recorded shape gets one, so that its later changes are met too.
         """
         builder = ChangeBuilder(catalog, use_native=False)
         at = admin.slot_health().current_wal_lsn
@@ -197,16 +239,17 @@ class PostgresCapture:
         for table in self.src.tables:
             schema, name = table.split(".", 1)
             before = known.get((schema, name))
-            msg = relation_now(admin, table) if before is not None else None
-            if before is None or msg is None:
-                continue  # never streamed (the initial snapshot reads it), or gone (refused at start)
+            msg = relation_now(admin, table)
+            if msg is None:
+                continue  # gone: refused at start (a run meets it at its next start)
             builder.feed(msg)
             now = replace(builder.new_shapes.pop(), first_seen_lsn=at)
-            if now.shape_hash != before.shape_hash:
-                self._resnapshot_if_rows_changed(admin, before, now)
+            if before is None or now.shape_hash != before.shape_hash or now.relation_id != before.relation_id:
+                if before is not None:
+                    self._resnapshot_if_rows_changed(admin, before, now)
                 known[(schema, name)] = now
                 shapes.append(now)
-        self.writer.append_relations(self.src.name, shapes)
+        return shapes
 
     def run(self, once: bool, should_stop: Callable[[], bool]) -> None:
         """Capture until `should_stop()` (or, with `once`, until the source's current position)."""
@@ -248,7 +291,7 @@ class PostgresCapture:
                     self.snapshotter.load()
                     if self.src.snapshot.initial:
                         self.snapshotter.request_initial(lambda: admin.slot_health().current_wal_lsn)
-                    self._record_shapes_now(admin, catalog, known)
+                    self.writer.append_relations(self.src.name, self._record_shapes_now(admin, catalog, known))
                     snapshotter = self.snapshotter
                     snapshots = SnapshotThread(
                         self.src.name, lambda stop: snapshotter.run(stop, poll_requests=not once), should_stop
@@ -322,7 +365,7 @@ class PostgresCapture:
                     # Older than the latest recorded shape (the start's, from the catalog, or a replay):
                     # history, not a change, and recorded already or superseded.
                     continue
-                if before is None or before.shape_hash != sh.shape_hash:
+                if before is None or before.shape_hash != sh.shape_hash or before.relation_id != sh.relation_id:
                     if before is not None:
                         self._resnapshot_if_rows_changed(admin, before, sh)
                     last_shapes[table] = sh
@@ -331,6 +374,7 @@ class PostgresCapture:
 
         burst = 0  # XLogData messages handled since the last bookkeeping
         now = time.monotonic()
+        next_shape_check = now + SHAPE_CHECK_INTERVAL_S
         while True:
             if burst == 0:
                 if should_stop():
@@ -338,6 +382,9 @@ class PostgresCapture:
                 now = time.monotonic()
                 if snapshots is not None:
                     snapshots.check()
+                    if not once and now >= next_shape_check:
+                        batcher.shapes.extend(self._record_shapes_now(admin, builder.catalog, last_shapes))
+                        next_shape_check = now + SHAPE_CHECK_INTERVAL_S
                 if drain_token and not drain_emitted and (snapshots is None or snapshots.done):
                     admin.emit_message(DRAIN_PREFIX, drain_token)
                     drain_emitted = True

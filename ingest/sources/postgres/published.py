@@ -185,3 +185,32 @@ def check_published(admin: PostgresAdmin, table: str, mask: TableMask | None) ->
             "out) was set before they were added. Run ingest again: it sets the list, and says how to bring "
             "their values in"
         )
+
+
+def publish_again(admin: PostgresAdmin, table: str) -> None:
+    """Add `table` to the publication if it is not in it: a table replaced under its name is another relation.
+
+    Dropping a table takes it out of a publication that names tables, and the relation that now
+    has its name was never in it. With `create_publication` it is added (with its column list);
+    else SourceError with the statement to run.
+    """
+    name = admin.src.publication_name
+    with admin.conn.cursor() as cur:
+        cur.execute(
+            "select 1 from pg_publication_tables where pubname = %s and schemaname || '.' || tablename = %s "
+            "union all select 1 from pg_publication p join pg_publication_rel r on r.prpubid = p.oid "
+            "where p.pubname = %s and r.prrelid = to_regclass(%s)",
+            (name, table, name, sql.Identifier(*table.split(".", 1)).as_string(admin.conn)),
+        )
+        if cur.fetchone() is not None:
+            return
+    mask = admin.src.masks().table(table)
+    columns = wanted_column_list(admin, table, mask) if supports_column_lists(admin) else None
+    statement = sql.SQL("alter publication {} add table {}").format(sql.Identifier(name), table_spec(table, columns))
+    if not admin.src.create_publication:
+        raise SourceError(
+            f"source {admin.src.name!r}: table {table} was replaced and the new table is not in publication {name!r}; "
+            f"run {statement.as_string(admin.conn)} (or set create_publication: true)"
+        )
+    admin.conn.execute(statement)
+    log.info("source=%s table=%s: added to publication %s again (replaced)", admin.src.name, table, name)

@@ -25,6 +25,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from psycopg import sql
+
 from ingest import faults
 from ingest.bronze.writer import BronzeWriter
 from ingest.config import PostgresSource
@@ -215,6 +217,11 @@ class Snapshotter:
                         time.sleep(0.2)
                     continue
                 task = self.tasks[0]
+                refusal = cannot_snapshot(admin, task.table)
+                if refusal is not None:
+                    self._drop(task, refusal)
+                    self.tasks.pop(0)
+                    continue
                 if self._run_task(task, reader, admin, types, should_stop):
                     self.tasks.pop(0)
                     self.completed.append(task)
@@ -317,6 +324,20 @@ class Snapshotter:
         if self.tasks:
             self.writer.raise_positions([(t.position(self.src.name), t.started_at) for t in self.tasks])
 
+    def _drop(self, task: SnapshotTask, refusal: str) -> None:
+        """Remove a request that cannot be performed: a `run` goes on without it, the log says why.
+
+        Retried, it would stop every run of the source the same way, and nothing else removes it.
+        """
+        self.writer.remove_writer(self.src.name, task.writer_id)
+        log.error(
+            "source=%s: snapshot of %s cannot be performed and is dropped (snapshot_id=%s): %s",
+            self.src.name,
+            task.table,
+            task.snapshot_id,
+            refusal,
+        )
+
     def _retire(self, task: SnapshotTask, hw: int = 0) -> None:
         queued = [t for t in self.tasks if t is not task]
         for t in queued:
@@ -337,10 +358,42 @@ class Snapshotter:
         )
 
 
-def request_snapshot(src: PostgresSource, writer: BronzeWriter, table: str) -> SnapshotTask:
-    """Register an on-demand snapshot of `table`; a running (or the next) `run` performs it."""
+def cannot_snapshot(admin: PostgresAdmin, table: str) -> str | None:
+    """Why `table` cannot be snapshotted now, or None: not configured, gone, or no key to page by.
+
+    A snapshot reads in keyset pages: a table without a primary key (or a replica identity
+    index) has none, whatever its replica identity.
+    """
+    src = admin.src
     if table not in src.tables:
-        raise SourceError(f"source {src.name!r} does not capture {table}; configured tables: {', '.join(src.tables)}")
+        return f"source {src.name!r} does not capture {table}; configured tables: {', '.join(src.tables)}"
+    with admin.conn.cursor() as cur:
+        cur.execute(
+            "select to_regclass(%s)::oid::bigint", (sql.Identifier(*table.split(".", 1)).as_string(admin.conn),)
+        )
+        row = cur.fetchone()
+    if row is None or row[0] is None:
+        return f"table {table} does not exist"
+    if not admin.record_key(int(str(row[0]))):
+        return (
+            f"table {table} has no primary key, and a snapshot pages by key; add one (or a unique index and "
+            "REPLICA IDENTITY USING INDEX) to snapshot it"
+        )
+    return None
+
+
+def request_snapshot(src: PostgresSource, writer: BronzeWriter, table: str) -> SnapshotTask:
+    """Register an on-demand snapshot of `table`; a running (or the next) `run` performs it.
+
+    SourceError, and nothing registered, if the table cannot be snapshotted (`cannot_snapshot`).
+    """
+    admin = PostgresAdmin(src)
+    try:
+        refusal = cannot_snapshot(admin, table)
+    finally:
+        admin.close()
+    if refusal is not None:
+        raise SourceError(f"cannot snapshot {table}: {refusal}")
     reader = PageReader(src)
     try:
         writer.ensure_tables()
