@@ -2,7 +2,7 @@
 
 Set `CHANGELAKE_CRASH_AT=<point>:<n>` (e.g. `after_events_commit:3`). Unset, `hit()` is a dict
 lookup and nothing else. The points are where a real crash would hurt most: around the Delta
-commit, the position commit and the source acknowledgement.
+commit, the position commit and the source acknowledgement, and between the steps of a recovery.
 """
 
 from __future__ import annotations
@@ -18,6 +18,10 @@ POINTS = (
     "mid_transaction_flush",
     "snapshot_after_page_commit",
     "snapshot_after_retire",
+    # a history-lost recovery (`on_history_lost: resnapshot`), between its durable steps
+    "recovery_after_snapshot_requests",
+    "recovery_after_tombstone",
+    "recovery_after_position",
 )
 
 _spec = os.environ.get("CHANGELAKE_CRASH_AT", "")

@@ -13,6 +13,7 @@ import logging
 import queue
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -21,6 +22,7 @@ from pymongo import MongoClient
 from pymongo.change_stream import ChangeStream
 from pymongo.errors import OperationFailure
 
+from ingest import faults
 from ingest.bronze.committer import Batch, Committer
 from ingest.bronze.writer import BronzeWriter
 from ingest.capture.batcher import CommitSink, Resume, TransactionBatcher
@@ -167,8 +169,8 @@ class MongoCapture:
         """
         now = pack_cluster_time(cluster_time(client))
         names = collections(client, self.src)
-        for coll in names:
-            self._snapshots.put((coll, None))
+        self._request_snapshots(names, now)
+        faults.hit("recovery_after_snapshot_requests")
         gone: set[str] = set()
         if self.src.collections is None:
             gone = {
@@ -190,7 +192,23 @@ class MongoCapture:
         )
         committer.submit(Batch([event], durable_lsn=now, ack_lsn=now, end_lsns={now: now}))
         committer.drain()
+        faults.hit("recovery_after_position")
         return event
+
+    def _request_snapshots(self, names: list[str], at: int) -> None:
+        """Register a snapshot writer per collection at `at` (one commit), then queue them.
+
+        Durable before the tombstone, so that no interruption leaves a tombstone without its
+        snapshots: the stream row, once raised past the lost history, no longer says anything
+        was lost. At `at`, the tombstone's position, every page lies after the tombstone (a page
+        is read above its writer's row). A writer from an interrupted recovery is not reused:
+        the snapshot thread may be reading it already, below this tombstone.
+        """
+        progress = [SnapshotProgress(f"{self.src.database}.{c}", str(uuid.uuid4())) for c in names]
+        now = datetime.now(UTC)
+        rows = [WriterPosition(self.src.name, p.writer_id, WriterKind.SNAPSHOT, at, at, p.to_json()) for p in progress]
+        self.writer.raise_positions([(row, now) for row in rows])
+        self._poll_requests()
 
     def _stream(
         self,

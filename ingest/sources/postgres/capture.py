@@ -141,13 +141,24 @@ class PostgresCapture:
         self._recover_gap(admin, h.confirmed_flush_lsn)
 
     def _recover_gap(self, admin: PostgresAdmin, slot_start: int) -> None:
-        """Tombstone every table just below the slot's start, move the stream row there, re-snapshot.
+        """Re-snapshot every table, tombstone them just below the slot's start, move the stream row there.
 
         The tombstone (a truncate of every table) sorts after everything bronze holds and before
         anything the slot will send, so a row deleted during the gap ends deleted in silver and
         every row that exists comes back from the snapshots (DESIGN §5 places their pages).
+
+        The order makes an interruption harmless. The snapshot writers are registered first, so
+        a tombstone is never durable without them; the stream row moves last, and until it does
+        the slot still starts past what bronze acknowledged, so the next start meets the gap again
+        and finishes the recovery: writers that have read nothing yet are reused, and the
+        tombstone's append is a no-op once it is in bronze (its Delta transaction identity).
         """
         at = boundary_position(slot_start)
+        pending = self._unread_snapshots()
+        self.snapshotter.request(
+            [t for t in self.src.tables if t not in pending], lambda: admin.slot_health().current_wal_lsn
+        )
+        faults.hit("recovery_after_snapshot_requests")
         first_schema, first_table = self.src.tables[0].split(".", 1)
         tombstone = ChangeEvent(
             commit_lsn=at,
@@ -161,11 +172,25 @@ class PostgresCapture:
             message_prefix=HISTORY_LOST_PREFIX,
         )
         self.writer.append_events(self.src.name, SourceKind.POSTGRES, STREAM_WRITER_ID, [tombstone], {at: slot_start})
+        faults.hit("recovery_after_tombstone")
         self.durable_lsn, self.ack_lsn = at, slot_start
         self.writer.raise_position(
             WriterPosition(self.src.name, STREAM_WRITER_ID, WriterKind.STREAM, at, slot_start), self.started_at
         )
-        self.snapshotter.request(list(self.src.tables), lambda: admin.slot_health().current_wal_lsn)
+        faults.hit("recovery_after_position")
+
+    def _unread_snapshots(self) -> set[str]:
+        """Tables with a whole-table snapshot registered that has no page in bronze yet.
+
+        Every page such a snapshot reads lies after a tombstone written now, so it can serve the
+        recovery (an interrupted one registered it). A snapshot with pages may have read some
+        before the gap: the tombstone would delete those rows, so its table gets a new one.
+        """
+        return {
+            t.table
+            for t in self.snapshotter.load()
+            if t.keys is None and self.writer.last_durable_page(self.src.name, t.snapshot_id) is None
+        }
 
     def _resnapshot_if_rows_changed(self, admin: PostgresAdmin, before: RelationShape, after: RelationShape) -> None:
         """Re-snapshot a configured table whose shape change altered existing rows (W9, DESIGN §7.7).

@@ -19,7 +19,7 @@ from ingest.bronze.writer import BronzeWriter
 from ingest.capture.batcher import Resume
 from ingest.config import BatchConfig, MongoSource
 from ingest.errors import SourceError
-from ingest.events import Action, ChangeEvent
+from ingest.events import Action, ChangeEvent, WriterKind
 from ingest.progress import Progress
 from ingest.sources.mongodb.capture import MongoCapture
 from ingest.sources.mongodb.changes import from_ext_json
@@ -225,23 +225,23 @@ def test_scope_is_one_collection_or_the_database() -> None:
 
 
 def test_history_lost_resnapshot_tombstones_every_collection_at_the_current_time(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     import ingest.sources.mongodb.capture as capture
 
     monkeypatch.setattr(capture, "cluster_time", lambda client: Timestamp(T0, 99))
-    cap = MongoCapture(
-        source(on_history_lost="resnapshot"),
-        BatchConfig(),
-        None,  # type: ignore[arg-type]
-        Progress("m", enabled=False),
-    )
+    writer = BronzeWriter(tmp_path)
+    writer.ensure_tables()
+    cap = MongoCapture(source(on_history_lost="resnapshot"), BatchConfig(), writer, Progress("m", enabled=False))
     c = FakeCommitter()
     ev = cap._recover_history_lost(None, c)  # type: ignore[arg-type]
     assert ev.action == Action.TRUNCATE and ev.position == (LSN | 99, 0)
     assert ev.truncated_tables == ("shop.orders", "shop.customers")
     assert c.batches[0].durable_lsn == LSN | 99
     assert sorted(cap._snapshots.get_nowait()[0] for _ in range(2)) == ["customers", "orders"]
+    # The snapshots are registered in bronze (at the tombstone's position), not only queued in memory.
+    rows = [p for p, _ in writer.positions("m") if p.writer_kind is WriterKind.SNAPSHOT]
+    assert len(rows) == 2 and {p.durable_lsn for p in rows} == {LSN | 99}
 
 
 def test_history_lost_resnapshot_also_tombstones_collections_gone_from_the_database(

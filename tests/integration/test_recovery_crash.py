@@ -1,0 +1,188 @@
+"""A history-lost recovery (`on_history_lost: resnapshot`) killed anywhere still re-snapshots every table.
+
+The recovery writes three things: snapshot requests, a tombstone (a truncate of every table) and
+the stream's position past the lost history. It used to commit the tombstone and the position
+first and register the snapshots last, so a crash in between left every table truncated in silver
+for good: the next start saw nothing lost and every table as snapshotted already. Here ingest is
+SIGKILLed at each step (ingest/faults.py), restarted normally, and bronze must then hold, after the
+last tombstone, a complete snapshot of every table with the rows the source has.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pymongo import MongoClient
+
+from ingest.bronze.writer import BronzeWriter
+from ingest.sources.mongodb.changes import pack_cluster_time, record_key
+from ingest.sources.mongodb.source import cluster_time
+from tests.helpers.delta_rows import read
+from tests.helpers.ingest_process import run_killed
+from tests.helpers.pg import ROOT, bronze_events, drop_slot, prepare
+from tests.mongo.server import mongo_java_server
+
+pytestmark = [pytest.mark.integration, pytest.mark.crash]
+
+PG_POINTS = ["recovery_after_snapshot_requests:1", "recovery_after_tombstone:1", "recovery_after_position:1"]
+# MongoDB's tombstone and position go through the committer: its own points fall between them.
+MONGO_POINTS = [
+    "recovery_after_snapshot_requests:1",
+    "after_events_commit:1",
+    "after_position_commit:1",
+    "recovery_after_position:1",
+]
+
+
+def resnapshotted(warehouse: Path, source: str, prefix: str) -> dict[str, list[str]]:
+    """table -> the record keys of its complete snapshot read after the last tombstone.
+
+    Fails unless every table the tombstone truncated has one, every writer row but the stream's
+    is retired, and no page of that snapshot lies at or before the tombstone.
+    """
+    tombstones = [e for e in bronze_events(warehouse, source) if e.message_prefix == prefix]
+    assert tombstones, "no history-lost tombstone in bronze"
+    last = tombstones[-1]
+    pages = read(
+        warehouse / "bronze/snapshot_pages", f"source = '{source}' and row_index >= 0", "page_number, row_index"
+    )
+    out: dict[str, list[str]] = {}
+    for table in last.truncated_tables:
+        schema, name = table.split(".", 1)
+        mine = [p for p in pages if (p.table_schema, p.table_name) == (schema, name)]
+        after = {p.snapshot_id for p in mine if p.high_watermark_lsn > last.commit_lsn}
+        done = sorted(
+            sid
+            for sid in after
+            if any(p.last_page for p in mine if p.snapshot_id == sid)
+            and all(p.high_watermark_lsn > last.commit_lsn for p in mine if p.snapshot_id == sid)
+        )
+        assert done, f"{table}: no complete snapshot after the tombstone at {last.commit_lsn}"
+        out[table] = sorted(p.record_pk for p in mine if p.snapshot_id == done[-1])
+    writers = [p.writer_id for p, _ in BronzeWriter(warehouse).positions(source)]
+    assert writers == ["stream"], f"snapshot writers left unfinished: {writers}"
+    return out
+
+
+# -- Postgres: a real server; the slot is dropped and recreated while ingest is away ----------------
+
+
+@pytest.mark.parametrize("crash_at", PG_POINTS)
+def test_pg_resnapshot_recovery_killed_at_any_step_still_resnapshots_every_table(
+    crash_at: str, tmp_path: Path, make_source: Any
+) -> None:
+    """Gap recovery used to commit the tombstone and position before registering the re-snapshot."""
+    s = make_source(
+        "create table items (id int primary key, v text); create table other (id int primary key)",
+        [
+            "items",
+            "other",
+        ],
+    )
+    prepare(s.config())
+    warehouse = tmp_path / "warehouse"
+    cfg = tmp_path / "ingest.yml"
+    source = {"kind": "postgres", "name": s.name, "dsn": s.dsn, "tables": s.tables, "on_history_lost": "resnapshot"}
+    cfg.write_text(yaml.safe_dump({"warehouse": str(warehouse), "batch": {"max_seconds": 0.2}, "sources": [source]}))
+    s.execute("insert into items values (1, 'a'), (2, 'b'), (3, 'c')")
+    s.execute("insert into other values (10), (11)")
+    assert run_killed(cfg, None, None, once=True, stop_after=60) == 0
+    # The history is lost: the slot goes, and changes are made while there is none.
+    drop_slot(s.conn, f"changelake_{s.name}")
+    s.execute("delete from items where id = 1")
+    s.execute("insert into items values (4, 'd')")
+    s.execute("delete from other where id = 10")
+
+    assert run_killed(cfg, crash_at, None, once=True, stop_after=60) == -signal.SIGKILL, f"{crash_at} not reached"
+    assert run_killed(cfg, None, None, once=True, stop_after=60) == 0
+
+    found = resnapshotted(warehouse, s.name, "changelake.historyLost")
+    assert found == {
+        f"{s.schema}.items": ['{"id":2}', '{"id":3}', '{"id":4}'],
+        f"{s.schema}.other": ['{"id":11}'],
+    }
+    s.execute("insert into items values (5, 'e')")
+    assert run_killed(cfg, None, None, once=True, stop_after=60) == 0
+    assert bronze_events(warehouse, s.name)[-1].record == '{"id":5,"v":"e"}'
+
+
+# -- MongoDB: mongo-java-server; the oplog loses the resume point (tests/helpers/mongo_history_lost.py) --
+
+
+@pytest.fixture(scope="module")
+def mongo_uri() -> Iterator[str]:
+    with mongo_java_server() as uri:
+        yield uri
+
+
+def run_mongo(config: Path, crash_at: str | None) -> int:
+    """One `run --once` of the runner, killed at `crash_at`; its exit code (0 or -SIGKILL)."""
+    env = {k: v for k, v in os.environ.items() if k != "CHANGELAKE_CRASH_AT"}
+    if crash_at:
+        env["CHANGELAKE_CRASH_AT"] = crash_at
+    p = subprocess.run(
+        [sys.executable, "-m", "tests.helpers.mongo_history_lost", str(config)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode in (0, -signal.SIGKILL), p.stderr[-3000:]
+    return p.returncode
+
+
+@pytest.mark.parametrize("crash_at", MONGO_POINTS)
+def test_mongo_resnapshot_recovery_killed_at_any_step_still_resnapshots_every_collection(
+    crash_at: str, tmp_path: Path, mongo_uri: str
+) -> None:
+    """History-lost recovery used to commit the tombstone and position with the snapshots only queued in memory."""
+    client: MongoClient[dict[str, Any]] = MongoClient(mongo_uri, tz_aware=True)
+    db = client[f"cl_{tmp_path.name[-8:].replace('-', '_')}"]
+    name = f"m_{db.name[3:]}"
+    try:
+        db.products.insert_many([{"_id": i, "v": str(i)} for i in (1, 2, 3)])
+        db.orders.insert_many([{"_id": i} for i in (10, 11)])
+        source = {
+            "kind": "mongodb",
+            "name": name,
+            "uri": mongo_uri,
+            "database": db.name,
+            "collections": ["products", "orders"],
+            "max_await_seconds": 0.3,
+            "on_history_lost": "resnapshot",
+        }
+        config = tmp_path / "run.json"
+        warehouse = tmp_path / "warehouse"
+
+        def write(lost_before: int) -> None:
+            config.write_text(json.dumps({"source": source, "warehouse": str(warehouse), "lost_before": lost_before}))
+
+        write(0)
+        assert run_mongo(config, None) == 0
+        # Changes the oplog then loses, with the stream's resume point.
+        db.products.delete_one({"_id": 1})
+        db.products.insert_one({"_id": 4, "v": "4"})
+        db.orders.delete_one({"_id": 10})
+        write(pack_cluster_time(cluster_time(client)))  # the last change: the stream stands before it
+
+        assert run_mongo(config, crash_at) == -signal.SIGKILL, f"{crash_at} not reached"
+        assert run_mongo(config, None) == 0
+
+        found = resnapshotted(warehouse, name, "mongodb.historyLost")
+        assert found == {
+            f"{db.name}.products": sorted(record_key(i) for i in (2, 3, 4)),
+            f"{db.name}.orders": [record_key(11)],
+        }
+    finally:
+        client.drop_database(db.name)
+        client.close()
