@@ -10,9 +10,10 @@
         - snapshot (a surviving snapshot page row, DESIGN §5): the row is present with the page's
           record, origin 'snapshot', no seq;
         - upsert (insert/update, and the new key of a primary-key change): the row is present with
-          the change's record; columns listed in unchanged_toast carry their value forward from
-          the live previous state; if the previous state has no value for one of them the column
-          stays absent and needs_reread is set;
+          the change's record; columns listed in unchanged_toast take their value from the
+          change's old tuple (REPLICA IDENTITY FULL; for a key change, completed with the old
+          key's values by moved_toast_values), else from the live previous state; with no value
+          for one of them the column stays absent and needs_reread is set;
         - delete (and the old key of a primary-key change): a tombstone at the change's position
           that keeps the last known values (the previous state's record, else the delete's
           old_record, which is the key columns unless REPLICA IDENTITY FULL);

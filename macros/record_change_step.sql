@@ -25,8 +25,26 @@
     {%- endset -%}
     {#- The previous record an unchanged TOAST column takes its value from: the live state, unless
         the change brings a row onto the key (a primary-key change), whose previous values are
-        under its old key. -#}
+        under its old key (they come in the change's old tuple, below). -#}
     {%- set toast_record = "case when change.occupancy_delta = 0 then " ~ live_record ~ " end" -%}
+    {#- The value an unchanged TOAST column takes: the change's old tuple's (REPLICA IDENTITY FULL
+        sends the whole old row; for a primary-key change the model completes the old tuple with
+        the old key's values, macro moved_toast_values), else the previous record's. A null in
+        the old tuple is a column it did not carry (the default identity sends the key only): a
+        TOASTed value is never null. -#}
+    {%- set old_value = "from_json(change.old_record, 'map<string, variant>')[toast_name]" -%}
+    {%- set toast_values -%}
+        map_from_entries(filter(
+            transform(change.unchanged_toast, toast_name -> named_struct(
+                'name', toast_name,
+                'value', coalesce(
+                    case when not is_variant_null({{ old_value }}) then {{ old_value }} end,
+                    from_json({{ toast_record }}, 'map<string, variant>')[toast_name]
+                )
+            )),
+            toast_entry -> toast_entry.value is not null
+        ))
+    {%- endset -%}
     case
             when
                 state.commit_lsn is not null
@@ -57,23 +75,18 @@
                         else to_json(map_concat(
                             from_json(change.record, 'map<string, variant>'),
                             map_filter(
-                                coalesce(
-                                    from_json({{ toast_record }}, 'map<string, variant>'),
-                                    cast(map() as map<string, variant>)
-                                ),
-                                (column_name, column_value) -> array_contains(change.unchanged_toast, column_name)
-                                and not array_contains(json_object_keys(change.record), column_name)
+                                {{ toast_values }},
+                                (column_name, column_value) -> not array_contains(
+                                    json_object_keys(change.record), column_name
+                                )
                             )
                         ))
                     end,
                     'deleted', false,
                     'deleted_at', cast(null as timestamp),
-                    'needs_reread', (change.occupancy_delta = 0 and {{ occupants_before }} >= 2) or exists(
-                        change.unchanged_toast,
-                        column_name -> not coalesce(
-                            array_contains(json_object_keys({{ toast_record }}), column_name), false
-                        )
-                    ),
+                    -- an unchanged TOAST column with no value anywhere
+                    'needs_reread', (change.occupancy_delta = 0 and {{ occupants_before }} >= 2)
+                    or size({{ toast_values }}) < size(array_distinct(change.unchanged_toast)),
                     'commit_lsn', change.commit_lsn,
                     'commit_index', change.commit_index,
                     'seq', change.seq,

@@ -130,29 +130,55 @@ event_key_changes as (
 
 ),
 
+{{ moved_toast_values(
+    'new_events', 'new_snapshot_rows', 'current_records' if is_incremental() else none
+) }},
+
 row_changes as (
 
     -- insert and update upsert their key; a delete tombstones it, and so does a primary-key
     -- change for its old key (DESIGN §6).
     select
-        source,
-        table_schema,
-        table_name,
-        record_pk,
-        case when action = 'delete' or is_old_key then 'delete' else 'upsert' end as change_kind,
-        commit_lsn,
-        commit_index,
-        seq,
-        commit_timestamp,
-        case when is_old_key then cast(null as string) else record end as record,
-        old_record,
-        case when is_old_key then cast(array() as array<string>) else unchanged_toast end as unchanged_toast,
+        event_key_changes.source,
+        event_key_changes.table_schema,
+        event_key_changes.table_name,
+        event_key_changes.record_pk,
         case
-            when action = 'delete' or is_old_key then -1
-            when action = 'insert' or (old_record_pk is not null and old_record_pk != record_pk) then 1
+            when event_key_changes.action = 'delete' or event_key_changes.is_old_key then 'delete'
+            else 'upsert'
+        end as change_kind,
+        event_key_changes.commit_lsn,
+        event_key_changes.commit_index,
+        event_key_changes.seq,
+        event_key_changes.commit_timestamp,
+        case
+            when event_key_changes.is_old_key then cast(null as string)
+            else event_key_changes.record
+        end as record,
+        coalesce(moved_toast_values.old_record, event_key_changes.old_record) as old_record,
+        case
+            when event_key_changes.is_old_key then cast(array() as array<string>)
+            else event_key_changes.unchanged_toast
+        end as unchanged_toast,
+        case
+            when event_key_changes.action = 'delete' or event_key_changes.is_old_key then -1
+            when
+                event_key_changes.action = 'insert'
+                or (
+                    event_key_changes.old_record_pk is not null
+                    and event_key_changes.old_record_pk != event_key_changes.record_pk
+                )
+                then 1
             else 0
         end as occupancy_delta
     from event_key_changes
+    left join moved_toast_values
+        on
+            event_key_changes.source = moved_toast_values.source
+            and event_key_changes.record_pk = moved_toast_values.record_pk
+            and event_key_changes.commit_lsn = moved_toast_values.commit_lsn
+            and event_key_changes.commit_index = moved_toast_values.commit_index
+            and not event_key_changes.is_old_key
 
 ),
 
