@@ -60,7 +60,9 @@ class MetricsConfig(_Strict):
     """Prometheus metrics of a running `run` (docs/operations.md): `port` 0 (the default) serves none."""
 
     port: Annotated[int, Field(ge=0, le=65535)] = 0
-    address: str = "0.0.0.0"  # the interface the metrics endpoint listens on
+    # The interface the endpoint listens on. It has no authentication and names sources, slots,
+    # tables and positions: loopback unless exposed on purpose (docs/operations.md).
+    address: str = "127.0.0.1"
 
 
 class AlertsConfig(_Strict):

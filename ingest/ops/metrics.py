@@ -146,7 +146,7 @@ TRANSIENT: Final = "transient"
 PERMANENT: Final = "permanent"
 
 
-def serve(port: int, address: str = "0.0.0.0") -> None:
+def serve(port: int, address: str = "127.0.0.1") -> None:
     """Serve REGISTRY at http://address:port/metrics from a daemon thread; OSError if the port is taken."""
     start_http_server(port, addr=address, registry=REGISTRY)
     log.info("metrics serving address=%s port=%d", address, port)

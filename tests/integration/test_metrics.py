@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -97,3 +98,30 @@ def test_metrics_follow_a_running_stream(tmp_path: Path, make_source: Any) -> No
     assert outage[key("changelake_retries_total", **lbl)] >= 1
     assert outage[key("changelake_errors_total", **lbl, kind="transient")] >= 1
     assert outage.get(key("changelake_errors_total", **lbl, kind="permanent"), 0) == 0
+
+
+def _listening_addresses(port: int) -> set[str]:
+    """The local addresses of the sockets in LISTEN state on `port` (from /proc/net/tcp, IPv4 and IPv6)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                addr, hex_port = local.split(":")
+                if state == "0A" and int(hex_port, 16) == port:
+                    found.add(addr)
+    return found
+
+
+def test_the_endpoint_listens_on_loopback_unless_told_otherwise(tmp_path: Path) -> None:
+    """Regression: with no `metrics.address` the unauthenticated endpoint (source, slot and table
+    names, positions, lag) listened on every interface (0.0.0.0)."""
+    from ingest import app
+    from ingest.config import parse_config
+
+    port = free_port()
+    source = "{kind: postgres, name: m, dsn: 'host=127.0.0.1 port=1', tables: [public.t]}"
+    cfg = parse_config(f"warehouse: {tmp_path}\nmetrics: {{port: {port}}}\nsources: [{source}]\n")
+    app._serve_metrics(cfg, None)
+    assert _listening_addresses(port) == {"0100007F"}  # 127.0.0.1, little-endian hex
+    assert "changelake_" in urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
