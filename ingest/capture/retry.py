@@ -17,6 +17,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Final, TypeVar
 
 import psycopg
@@ -54,6 +55,9 @@ TRANSIENT_LIBPQ_MESSAGES: Final = (
 FIRST_DELAY_S: Final = 1.0
 SLEEP_SLICE_S: Final = 0.5  # a stop signal interrupts a backoff sleep within this
 
+# Set by `retrying` while its attempt runs: the attempt says through it that it reached the source.
+_reached: ContextVar[Callable[[], None] | None] = ContextVar("reached_source", default=None)
+
 
 def transient_sqlstate(sqlstate: str | None) -> bool:
     """Whether a server error code means "try again later"."""
@@ -75,6 +79,18 @@ def is_transient(e: BaseException) -> bool:
     return isinstance(e, ConnectionFailure | NotPrimaryError)
 
 
+def reached_source() -> None:
+    """Tell the retry loop running the current attempt that the source answered: an outage is over.
+
+    A capture calls it once its connection works (the server has spoken on a fresh stream), so
+    that a later failure starts a new outage, with its own `max_seconds` and a short first delay,
+    instead of counting from an outage that ended long ago. Outside `retrying` it does nothing.
+    """
+    reset = _reached.get()
+    if reset is not None:
+        reset()
+
+
 def retrying(
     attempt: Callable[[], T],
     source: str,
@@ -86,12 +102,18 @@ def retrying(
 
     One warning per retry says what failed and when the next attempt is. `max_seconds` bounds the
     time since the first failure of an outage (None: forever); past it RetriesExhaustedError says
-    how long the source was unreachable. A permanent failure, or any failure once `should_stop()`,
-    is raised at once.
+    how long the source was unreachable. An outage ends when an attempt reaches the source
+    (`reached_source()`). A permanent failure, or any failure once `should_stop()`, is raised at once.
     """
     since: float | None = None
     failures = 0
+
+    def outage_over() -> None:
+        nonlocal since, failures
+        since, failures = None, 0
+
     while True:
+        token = _reached.set(outage_over)
         try:
             return attempt()
         except BaseException as e:
@@ -124,6 +146,8 @@ def retrying(
             if should_stop():
                 raise
             metrics.RETRIES.labels(source).inc()
+        finally:
+            _reached.reset(token)
 
 
 def _sleep(seconds: float, should_stop: Callable[[], bool]) -> None:

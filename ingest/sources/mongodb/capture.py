@@ -26,6 +26,7 @@ from ingest import faults
 from ingest.bronze.committer import Batch, Committer
 from ingest.bronze.writer import BronzeWriter
 from ingest.capture.batcher import CommitSink, Resume, TransactionBatcher
+from ingest.capture.retry import reached_source
 from ingest.capture.snapshots import SnapshotThread
 from ingest.config import BatchConfig, MongoSource
 from ingest.events import Action, ChangeEvent, SourceKind, WriterKind, WriterPosition
@@ -242,6 +243,7 @@ class MongoCapture:
                 resume = Resume(self.durable_lsn, resume.last_in_bronze)
                 stored = None
                 stream = self._open(client, stored)
+            reached_source()  # the change stream is open: a later failure is a new outage
             try:
                 self._loop(client, stream, committer, resume, once, should_stop, snapshots)
             finally:

@@ -18,6 +18,7 @@ from ingest import faults
 from ingest.bronze.committer import Committer
 from ingest.bronze.writer import BronzeWriter
 from ingest.capture.batcher import Resume, TransactionBatcher, boundary_position
+from ingest.capture.retry import reached_source
 from ingest.capture.snapshots import SnapshotThread
 from ingest.config import BatchConfig, PostgresSource
 from ingest.errors import SlotGapError, SourceUnavailableError
@@ -311,6 +312,7 @@ class PostgresCapture:
             snapshots: SnapshotThread | None = None
             try:
                 stream.open()
+                reached_source()  # the server took START_REPLICATION: a later failure is a new outage
                 if self.snapshots:
                     # Registered after the stream writer: each snapshot writer starts at the safe bound.
                     self.snapshotter.load()

@@ -101,3 +101,60 @@ def test_a_stop_ends_the_wait_and_raises_the_failure() -> None:
 
     with pytest.raises(SourceUnavailableError):
         retrying(attempt, "src", lambda: stopped[0], None, 60.0)
+
+
+class FakeClock:
+    """monotonic() and sleep() of retry.py's `time`, on a clock that only moves when told."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_a_second_outage_after_a_long_good_attempt_gets_its_own_window(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: the outage window (`since`, the attempt count, the backoff) was never reset after
+    a reconnect, so a second outage in a long run was given up at once ("unreachable for 401 s")."""
+    clock = FakeClock()
+    monkeypatch.setattr(retry, "time", clock)
+    attempts: list[float] = []
+
+    def attempt() -> str:
+        attempts.append(clock.now)
+        if len(attempts) == 1:
+            raise psycopg.OperationalError("connection refused")
+        if len(attempts) == 2:
+            retry.reached_source()  # connected: the first outage is over
+            clock.now += 400  # streams for 400 s, then the server restarts
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return "done"
+
+    assert retrying(attempt, "shop", lambda: False, 300, 60.0) == "done"
+    assert len(attempts) == 3
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert "since=0s attempt=1" in warnings[0] and "since=0s attempt=1" in warnings[1], warnings
+    assert attempts[2] - (attempts[1] + 400) <= retry.FIRST_DELAY_S  # the backoff starts over too
+
+
+def test_attempts_that_never_reach_the_source_share_one_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only an attempt that reached the source ends an outage: failures before it count from the first."""
+    clock = FakeClock()
+    monkeypatch.setattr(retry, "time", clock)
+
+    def attempt() -> None:
+        clock.now += 10  # each connection attempt times out after 10 s
+        raise SourceUnavailableError("timeout expired")
+
+    with pytest.raises(RetriesExhaustedError, match="unreachable for"):
+        retrying(attempt, "shop", lambda: False, 300, 60.0)
+    assert clock.now < 400
+
+
+def test_reached_source_outside_a_retry_loop_does_nothing() -> None:
+    retry.reached_source()
