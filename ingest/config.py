@@ -7,7 +7,9 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import psycopg
 import yaml
+from psycopg.conninfo import conninfo_to_dict
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ingest.errors import ConfigError
@@ -160,6 +162,28 @@ class _MaskedSource(_Strict):
         return self
 
 
+def check_postgres_dsn(dsn: str) -> str:
+    """`dsn` if libpq can use it; else ValueError saying what is wrong without showing any of it.
+
+    A DSN that libpq misreads fails at connect with a message quoting the fragment it choked on,
+    often a piece of the password, which then reaches errors, logs and `status --json`.
+    """
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        raise ValueError(
+            "not a valid libpq connection string or URI (not shown: it may hold a password). In key=value "
+            "form quote a value with spaces (password='a b'); in a URI percent-encode reserved characters "
+            "of the user or password (@ is %40, / is %2F, : is %3A)"
+        ) from None
+    if any("@" in host for host in str(params.get("host", "")).split(",")):
+        raise ValueError(
+            "its host holds an '@' (not shown: it may hold a password): percent-encode an '@' in a URI's "
+            "password as %40"
+        )
+    return dsn
+
+
 class PostgresSource(_MaskedSource):
     """A Postgres source: a pgoutput slot over a publication of the listed tables.
 
@@ -193,6 +217,11 @@ class PostgresSource(_MaskedSource):
         if not _IDENT.match(v):
             raise ValueError(f"{v!r} must be lowercase letters, digits and _ (a slot name is derived from it)")
         return v
+
+    @field_validator("dsn")
+    @classmethod
+    def _dsn_parses(cls, v: str) -> str:
+        return check_postgres_dsn(v)
 
     @field_validator("tables")
     @classmethod

@@ -144,3 +144,35 @@ def test_a_requested_snapshot_is_listed_until_a_run_completes_it(tmp_path: Path,
     assert ingest(cfg, "run", "--once").returncode == 0
     rc, doc = status_json(cfg)
     assert rc == HEALTHY and doc["sources"][0]["snapshots"] == [], doc
+
+
+# A password with an unescaped '@' in a URI (libpq then takes the rest for the host), and one with
+# a space in key=value form (libpq then reads the rest as a key): neither is a working DSN.
+LEAKY_DSNS = {
+    "s3a": ("postgresql://alice:Sup3rS3cr@tPart!@127.0.0.1:{port}/rr", ("Sup3rS3cr", "tPart")),
+    "s3b": ("host=127.0.0.1 port={port} dbname=rr user=alice password=Sup3r S3cretTail", ("Sup3r", "S3cretTail")),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LEAKY_DSNS))
+def test_a_malformed_dsn_is_refused_without_showing_its_secret(tmp_path: Path, name: str) -> None:
+    """Regression: fragments of a password reached the terminal, logs and `status --json` ("cannot
+    connect to ... host=tPart!@127.0.0.1", "missing "=" after "S3cretTail" in connection info")."""
+    template, secrets = LEAKY_DSNS[name]
+    dsn = template.format(port=1)
+    cfg = write_config(tmp_path, {"kind": "postgres", "name": name, "dsn": dsn, "tables": ["public.t"]})
+    for args in (("-v", "run", "--once"), ("status", "--json"), ("status",), ("setup",)):
+        p = ingest(cfg, *args)
+        shown = p.stdout + p.stderr
+        assert p.returncode == 2, shown
+        assert "sources.0.dsn" in p.stderr, shown
+        assert not [s for s in secrets if s in shown], shown
+
+
+def test_safe_dsn_hides_a_host_that_holds_a_password_fragment() -> None:
+    from ingest.sources.postgres.replication import safe_dsn
+
+    shown = safe_dsn("user=alice password=Sup3rS3cr host=tPart!@127.0.0.1 port=5432 dbname=rr")
+    assert "Sup3rS3cr" not in shown and "tPart" not in shown and "alice" in shown
+    assert "host=/var/run/postgresql" in safe_dsn("host=/var/run/postgresql dbname=rr")
+    assert "::1" in safe_dsn("host=::1 dbname=rr")

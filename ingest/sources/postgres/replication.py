@@ -7,6 +7,7 @@ updates out. It decodes nothing of pgoutput itself.
 
 from __future__ import annotations
 
+import ipaddress
 import select
 import struct
 import time
@@ -58,19 +59,44 @@ class Keepalive:
     reply_requested: bool
 
 
+def _plain_host(host: str) -> bool:
+    """Whether `host` looks like a host name, an IP address or a socket directory, not a misparse.
+
+    libpq takes everything after the first '@' of a URI for the host, so an unescaped '@' in a
+    password leaves the rest of the password in `host`.
+    """
+    if host.startswith("/"):
+        return "@" not in host
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return not any(c in host for c in "@/:?#%[] ")
+
+
 def safe_dsn(dsn: str) -> str:
-    """The DSN with any password removed, for logs and errors."""
+    """The DSN with any password (and any host that may hold a fragment of one) removed, for logs and errors."""
     try:
         params = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError:
         return "<unparseable DSN>"
     params.pop("password", None)
+    hosts = str(params.get("host", "")).split(",")
+    if params.get("host") and not all(_plain_host(h) for h in hosts):
+        params["host"] = "<redacted>"
     return make_conninfo(**{k: str(v) for k, v in params.items()})
 
 
 def session_conninfo(dsn: str, **extra: str) -> str:
-    """`dsn` plus the session options that make value output deterministic."""
-    params = conninfo_to_dict(dsn)
+    """`dsn` plus the session options that make value output deterministic.
+
+    A DSN libpq cannot parse is a SourceError that does not quote it (the config check refuses
+    such a DSN first).
+    """
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        raise SourceError("the source's dsn is not a valid libpq connection string or URI (not shown)") from None
     opts = f"{params.get('options', '')} {SESSION_OPTIONS}".strip()
     return make_conninfo(dsn, options=opts, **extra)
 
