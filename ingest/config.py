@@ -326,6 +326,15 @@ class MongoSource(_MaskedSource):
         for coll, rules in self.columns.items():
             if "_id" in rules.exclude_columns or "_id" in rules.mask_columns:
                 raise ValueError(f"columns.{coll}: _id is the key (record_pk): it cannot be excluded or masked")
+            dotted = [n for n in rules.exclude_columns + rules.mask_columns if "." in n]
+            if dotted:
+                # A rule matches a top-level field by its name: a path would match nothing, and the
+                # nested value would land as it is.
+                top = sorted({n.split(".", 1)[0] for n in dotted})
+                raise ValueError(
+                    f"columns.{coll}: {', '.join(dotted)} is a path into a document; rules apply to top-level fields "
+                    f"only: exclude or mask the whole field ({', '.join(top)})"
+                )
         return self
 
 

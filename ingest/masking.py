@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
 
-from ingest.errors import ConfigError
+from ingest.errors import ConfigError, SourceError
+
+log = logging.getLogger(__name__)
 
 MASKED_JSON_KIND: Final = "masked"  # bronze.source_relations json_kind of a masked column
 MIN_SALT_CHARS: Final = 16  # a shorter salt is guessable, and then so is every masked value
@@ -85,6 +88,63 @@ class TableMask:
                 "or every column of a table keyed by REPLICA IDENTITY FULL), which record_pk must carry as it "
                 "is: it cannot be excluded or masked"
             )
+
+    def named(self) -> frozenset[str]:
+        """Every column name the rules name, excluded or masked."""
+        return self.exclude | self.mask
+
+    def check_names(self, table: str, columns: Sequence[str], source: str) -> None:
+        """Refuse a rule naming a column `table` does not have (`columns`: the table's columns now).
+
+        Rules match columns by name, so a typo, a case mismatch or a column renamed since would
+        match nothing and its values would land as they are: refused, naming the columns the table
+        has (and the near miss, if there is one), before anything of the table is written.
+        """
+        unknown = sorted(self.named() - set(columns))
+        if not unknown:
+            return
+        lower = {c.lower(): c for c in columns}
+        hints = [
+            f"{n} (did you mean {lower[n.lower()]}? names are case-sensitive)" for n in unknown if n.lower() in lower
+        ]
+        what = "; ".join(hints) if hints else ", ".join(unknown)
+        raise SourceError(
+            f"source {source!r}: table {table}: exclude_columns/mask_columns name {what}, which the table does not "
+            f"have (its columns: {', '.join(columns)}). A rule that matches no column would let the column's values "
+            "land as they are: fix the name (a column renamed since must be listed under its new name) and run again"
+        )
+
+    def for_relation(
+        self, table: str, sent: Sequence[str], now: Sequence[str], source: str, key: Sequence[str] = ()
+    ) -> TableMask:
+        """The rules as they apply to changes carrying columns `sent` while the table has columns `now`.
+
+        Every named column must exist now (check_names). One the changes lack was added or renamed
+        since they were written (old WAL). A column they carry that the table no longer has was
+        dropped or renamed since: it may be a ruled column under its former name (renamed, and the
+        rule moved to the new name; or dropped, and the rule removed with it), so it is masked too
+        (a hash or null instead of a value that might be a secret), with a warning; excluded
+        instead when the columns the changes lack are all excluded ones. Key columns (`key`) stay.
+        """
+        self.check_names(table, now, source)
+        former = frozenset(c for c in sent if c not in now and c not in self.named() and c not in key)
+        if not former:
+            return self
+        lacking = self.named() - set(sent)
+        exclude = bool(lacking) and lacking <= self.exclude  # an excluded column's former name stays out
+        log.warning(
+            "source=%s table=%s: these changes were written before a schema change and carry column(s) %s, which "
+            "the table no longer has (dropped or renamed since; the rules name %s): %s, as they may be a ruled "
+            "column under its former name",
+            source,
+            table,
+            ", ".join(sorted(former)),
+            ", ".join(sorted(self.named())),
+            "excluded" if exclude else "masked",
+        )
+        if exclude:
+            return TableMask(self.exclude | former, self.mask, self.mask_with, self.salt)
+        return TableMask(self.exclude, self.mask | former, self.mask_with, self.salt)
 
     def encoder(self) -> Callable[[bytes], str]:
         """The JSON fragment of a masked value given as its text bytes (a Postgres value encoder)."""

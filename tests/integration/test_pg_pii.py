@@ -12,9 +12,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from ingest.config import PostgresSource
 from ingest.errors import ConfigError, SourceError
 from ingest.masking import mask_hash
 from ingest.sources.postgres.admin import PostgresAdmin
+from ingest.sources.postgres.catalog import PgCatalog, captured_shape, table_shape
 from ingest.sources.postgres.published import check_published
 from tests.helpers.delta_rows import read
 from tests.helpers.pg import bronze_events, capture_once, prepare
@@ -250,3 +252,154 @@ def test_a_column_added_after_the_column_list_is_an_error_not_a_gap(
     s.execute("insert into people values (2, 'b', 'x', 'y', '556')")
     capture_once(warehouse, src)  # then it runs: the change before the list was set lacks the column
     assert [json.loads(e.record).get("phone") for e in bronze_events(warehouse, s.name)] == [None, "556"]
+
+
+USERS = "create table users (id int primary key, email text, n int default 0)"
+
+
+def _files(warehouse: Path) -> set[Path]:
+    return {p for p in warehouse.rglob("*") if p.is_file()} if warehouse.exists() else set()
+
+
+def assert_nowhere(warehouse: Path, plaintexts: list[str], log_text: str, before: set[Path] | None = None) -> None:
+    """No file under the warehouse (or none written since `before`) and no log line holds any plaintext."""
+    for path in _files(warehouse) - (before or set()):
+        raw = path.read_bytes()
+        for text in plaintexts:
+            assert text.encode() not in raw, f"{text!r} is in {path}"
+    for text in plaintexts:
+        assert text not in log_text, f"{text!r} is in the log"
+
+
+def _users(s: Any, **rules: Any) -> Any:
+    return s.config(columns={s.tables[0]: rules}, mask_salt_env=SALT_ENV) if rules else s.config()
+
+
+@pytest.mark.parametrize("name", ["Email", "emial", "e_mail"])
+def test_a_rule_naming_no_column_is_refused_before_anything_is_written(
+    warehouse: Path, make_source: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, name: str
+) -> None:
+    """A mask whose name matched no column (a typo, a case mismatch) was accepted and never applied."""
+    monkeypatch.setenv(SALT_ENV, SALT)
+    s = make_source(USERS, ["users"])
+    _ssn, mail = _secrets()
+    s.execute("insert into users values (1, %s)", (mail,))
+    src = _users(s, mask_columns=[name])
+    with pytest.raises(
+        SourceError, match=rf"name {name}\b.*which the table does not have \(its columns: id, email, n\)"
+    ):
+        capture_once(warehouse, src, snapshots=True)
+    with psycopg.connect(s.dsn) as c:  # refused before the publication or slot was created
+        assert c.execute("select 1 from pg_publication where pubname = %s", (src.publication_name,)).fetchone() is None
+    assert_nowhere(warehouse, [mail], caplog.text)
+
+
+def test_a_renamed_masked_column_stops_the_stream_and_old_changes_stay_masked(
+    warehouse: Path, make_source: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """RENAME COLUMN of a masked column left the rule matching nothing, and the re-snapshot wrote plain text."""
+    monkeypatch.setenv(SALT_ENV, SALT)
+    s = make_source(USERS, ["users"])
+    alice, bob, carol, dave = (_secrets()[1] for _ in range(4))
+    s.execute("insert into users values (1, %s), (2, %s)", (alice, bob))
+    masked = _users(s, mask_columns=["email"])
+    capture_once(warehouse, masked, snapshots=True)
+    s.execute("insert into users values (3, %s)", (dave,))  # WAL the next run decodes with the old name
+    s.execute("alter table users rename column email to email_address")
+    s.execute("update users set email_address = %s where id = 1", (carol,))
+    plain = [alice, bob, carol, dave]
+
+    with pytest.raises(SourceError, match=r"name email, which the table does not have \(its columns: id, email_addr"):
+        capture_once(warehouse, masked, snapshots=True)  # the start refuses the stale rule
+    admin = PostgresAdmin(masked)
+    try:  # what a Relation message and a snapshot page check while streaming
+        with pytest.raises(SourceError, match=r"name email, which the table does not have"):
+            PgCatalog(admin).table_mask(s.schema, "users", ["id", "email_address", "n"], ["id"])
+        with pytest.raises(SourceError, match=r"name email, which the table does not have"):
+            captured_shape(table_shape(admin, s.tables[0]), masked.masks().table(s.tables[0]), s.name)
+    finally:
+        admin.close()
+    assert_nowhere(warehouse, plain, caplog.text)
+
+    followed = _users(s, mask_columns=["email_address"])  # the rule follows the column
+    capture_once(warehouse, followed, snapshots=True)
+    assert "re-snapshotting it" in caplog.text
+    capture_once(warehouse, followed, snapshots=True)  # the stream met the rename after this run's snapshots
+    ev = bronze_events(warehouse, s.name)
+    by_id = {json.loads(e.record_pk)["id"]: json.loads(e.record) for e in ev if e.record}
+    assert by_id[3] == {"id": 3, "email": mask_hash(SALT.encode(), dave.encode()), "n": 0}  # the old name, masked
+    assert by_id[1]["email_address"] == mask_hash(SALT.encode(), carol.encode())
+    pages = read(warehouse / "bronze" / "snapshot_pages", f"source = '{s.name}' and row_index >= 0", "page_number")
+    assert len(pages) == 2 + 3  # the first snapshot, and the re-snapshot the rename asked for
+    assert_nowhere(warehouse, plain, caplog.text)
+    assert_never_landed(warehouse, plain)
+
+
+def test_a_table_that_left_the_config_leaves_the_publication_and_is_not_captured(
+    warehouse: Path, make_source: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A masked table removed from the config stayed published, and its changes landed unmasked."""
+    monkeypatch.setenv(SALT_ENV, SALT)
+    s = make_source(USERS + "; create table orders (id int primary key, note text)", ["users", "orders"])
+    users, orders = s.tables
+    alice, carol, dave = (_secrets()[1] for _ in range(3))
+    both = s.config(columns={users: {"mask_columns": ["email"]}}, mask_salt_env=SALT_ENV)
+    prepare(both)
+    s.execute("insert into users values (1, %s)", (alice,))
+    capture_once(warehouse, both)
+    s.execute("update users set email = %s where id = 1", (carol,))  # before the table leaves: still masked
+
+    only_orders = PostgresSource(kind="postgres", name=s.name, dsn=s.dsn, tables=[orders])
+    prepare(only_orders)
+    published = s.conn.execute(
+        "select tablename from pg_publication_tables where pubname = %s", (only_orders.publication_name,)
+    ).fetchall()
+    assert published == [("orders",)]
+    assert f"dropping {users} from publication" in caplog.text
+    s.execute("update users set email = %s where id = 1", (dave,))
+    s.execute("insert into orders values (1, 'o')")
+    capture_once(warehouse, only_orders)
+    ev = bronze_events(warehouse, s.name)
+    assert [(e.table_name, e.action) for e in ev] == [("users", "insert"), ("orders", "insert")]
+    assert "is in the publication but not in the source's configured tables" in caplog.text
+    assert_nowhere(warehouse, [alice, carol, dave], caplog.text)
+
+
+def test_a_publication_ingest_does_not_manage_sends_unconfigured_tables_that_are_never_written(
+    warehouse: Path, make_source: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An existing publication's tables beyond the configured ones were captured without any rule."""
+    s = make_source(USERS + "; create table orders (id int primary key, note text)", ["users", "orders"])
+    s.execute(f"create publication changelake_{s.name} for table users, orders")
+    src = PostgresSource(kind="postgres", name=s.name, dsn=s.dsn, tables=[s.tables[1]], create_publication=False)
+    prepare(src)
+    mail = _secrets()[1]
+    s.execute("insert into users values (1, %s)", (mail,))
+    s.execute("insert into orders values (1, 'o')")
+    capture_once(warehouse, src)
+    assert [e.table_name for e in bronze_events(warehouse, s.name)] == ["orders"]
+    assert_nowhere(warehouse, [mail], caplog.text)
+
+
+def test_a_mask_added_later_re_snapshots_the_table_masked(
+    warehouse: Path, make_source: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A mask added later re-masked nothing: untouched rows kept their plain values in silver."""
+    monkeypatch.setenv(SALT_ENV, SALT)
+    s = make_source(USERS + "; alter table users alter column email set storage external", ["users"])
+    alice, bob = (_secrets()[1] + "-" + "x" * 3000 for _ in range(2))  # TOASTed: unchanged on updates of n
+    prepare(s.config())
+    s.execute("insert into users values (1, %s), (2, %s)", (alice, bob))  # streamed: the shape is recorded
+    capture_once(warehouse, s.config(), snapshots=True)
+    history = _files(warehouse)  # plain values from before the rule: the documented history
+    masked = _users(s, mask_columns=["email"])
+    capture_once(warehouse, masked, snapshots=True)
+    assert "column email became masked" in caplog.text and "re-snapshotting it" in caplog.text
+    s.execute("update users set n = 1 where id = 2")
+    capture_once(warehouse, masked, snapshots=True)
+    pages = read(warehouse / "bronze" / "snapshot_pages", f"source = '{s.name}' and row_index >= 0", "ingested_at")
+    latest = {json.loads(p.record_pk)["id"]: json.loads(p.record)["email"] for p in pages[-2:]}
+    assert latest == {i: mask_hash(SALT.encode(), m.encode()) for i, m in ((1, alice), (2, bob))}
+    (update,) = [e for e in bronze_events(warehouse, s.name) if e.action == "update"]
+    assert update.unchanged_toast == ["email"]  # silver carries the re-snapshot's masked value forward
+    assert_nowhere(warehouse, [alice, bob], caplog.text, before=history)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 
 import pytest
 
 from ingest.config import PostgresSource, parse_config
-from ingest.errors import ConfigError
+from ingest.errors import ConfigError, SourceError
 from ingest.masking import MaskWith, SourceMasks, TableMask, mask_hash
 
 SALT_ENV = "CHANGELAKE_TEST_MASK_SALT"
@@ -137,3 +138,44 @@ def test_mongodb_id_is_refused_and_collections_are_checked(monkeypatch: pytest.M
 def test_source_masks_without_rules_is_empty() -> None:
     masks = SourceMasks({"public.p": TableMask(frozenset(), frozenset(), MaskWith.HASH, None)})
     assert not masks and masks.table("public.p") is None
+
+
+def test_a_rule_naming_no_column_is_refused_with_the_near_miss() -> None:
+    """A typo or case mismatch in a rule matched nothing and the column's values landed as they were."""
+    mask = TableMask(frozenset({"ssn"}), frozenset({"Email"}), MaskWith.NULL, None)
+    with pytest.raises(SourceError, match=r"name Email \(did you mean email\? names are case-sensitive\)"):
+        mask.check_names("public.p", ["id", "ssn", "email"], "shop")
+    with pytest.raises(SourceError, match=r"name ssn, which the table does not have \(its columns: id, email\)"):
+        TableMask(frozenset({"ssn"}), frozenset(), MaskWith.NULL, None).check_names("public.p", ["id", "email"], "s")
+    mask.check_names("public.p", ["id", "ssn", "Email"], "shop")
+
+
+def test_a_renamed_masked_column_is_refused_until_the_rule_follows_it() -> None:
+    """A RENAME COLUMN of a masked column left the rule matching nothing: the new name landed in plain text."""
+    mask = TableMask(frozenset(), frozenset({"email"}), MaskWith.HASH, b"s" * 16)
+    with pytest.raises(SourceError, match=r"name email, which the table does not have"):
+        mask.for_relation("public.p", ["id", "email_address"], ["id", "email_address"], "shop")
+
+
+def test_old_changes_mask_a_column_the_table_no_longer_has() -> None:
+    """Old WAL carries a ruled column under its former name (renamed, or dropped and the rule removed)."""
+    renamed = TableMask(frozenset(), frozenset({"email_address"}), MaskWith.HASH, b"s" * 16)
+    now = ["id", "email_address"]
+    assert renamed.for_relation("public.p", now, now, "shop") is renamed
+    carried = renamed.for_relation("public.p", ["id", "email"], now, "shop", key=["id"])
+    assert carried.mask == {"email", "email_address"} and not carried.exclude
+    excluded = TableMask(frozenset({"social"}), frozenset({"email"}), MaskWith.NULL, None)
+    carried = excluded.for_relation("public.p", ["id", "ssn", "email"], ["id", "social", "email"], "shop")
+    assert carried.exclude == {"social", "ssn"} and carried.mask == {"email"}
+    dropped = excluded.for_relation("public.p", ["id", "notes", "social", "email"], ["id", "social", "email"], "s")
+    assert dropped.mask == {"email", "notes"}  # dropped since: the rule for it may have gone with it
+    key_renamed = renamed.for_relation("public.p", ["key", "email_address"], now, "shop", key=["key"])
+    assert key_renamed is renamed  # a key column renamed since stays the key (never masked)
+
+
+@pytest.mark.parametrize("name", ["profile.email", "a.b.c"])
+def test_mongodb_dotted_paths_are_refused(name: str) -> None:
+    """A dotted path matched no top-level field and the nested value landed as it was."""
+    base = "sources:\n  - {name: m, kind: mongodb, uri: 'mongodb://h', database: shop"
+    with pytest.raises(ConfigError, match=rf"{re.escape(name)} is a path into a document.*\({name.split('.')[0]}\)"):
+        parse_config(base + f", collections: [{{name: c, mask_columns: ['{name}']}}], mask_with: 'null'}}\n")

@@ -13,7 +13,13 @@ from ingest.config import PostgresSource
 from ingest.errors import SlotInvalidatedError, SourceError, SourceUnavailableError
 from ingest.events import lsn_to_int
 from ingest.sources.postgres.changes import TABLE_GONE_PREFIX
-from ingest.sources.postgres.published import supports_column_lists, sync_column_lists, table_spec, wanted_column_list
+from ingest.sources.postgres.published import (
+    supports_column_lists,
+    sync_column_lists,
+    table_columns,
+    table_spec,
+    wanted_column_list,
+)
 from ingest.sources.postgres.replication import safe_dsn, session_conninfo
 
 log = logging.getLogger(__name__)
@@ -161,7 +167,8 @@ class PostgresAdmin:
         """Every configured table exists and can be keyed (a primary key or REPLICA IDENTITY FULL).
 
         A table's key columns (the primary key; every column under REPLICA IDENTITY FULL without
-        one) can be neither excluded nor masked (ConfigError, before anything is changed).
+        one) can be neither excluded nor masked (ConfigError, before anything is changed), and a
+        rule naming a column the table does not have is refused (SourceError: it would mask nothing).
         """
         masks = self.src.masks()
         for qualified in self.src.tables:
@@ -184,6 +191,7 @@ class PostgresAdmin:
             self._check_identity(qualified, str(replident), bool(has_pk), bool(pk_deferrable))
             mask = masks.table(qualified)
             if mask is not None:
+                mask.check_names(qualified, table_columns(self, qualified).columns, self.src.name)
                 ident = sql.Identifier(schema, table).as_string(self.conn)
                 oid = self._one("select %s::regclass::oid::bigint", (ident,))
                 assert oid is not None
@@ -217,6 +225,9 @@ class PostgresAdmin:
 
     def ensure_publication(self) -> None:
         """Create the publication for the configured tables, or add tables missing from it.
+
+        With `create_publication` a table it names that left the config is dropped from it
+        (`_drop_unconfigured`).
 
         Partitioned tables are captured as their root (DESIGN §7.7): the publication publishes
         through the partition root, so a change in any partition arrives under the root's name
@@ -265,6 +276,7 @@ class PostgresAdmin:
                 (name, name),
             )
             have = {r[0] for r in cur.fetchall()}
+        self._drop_unconfigured(name)
         missing = [t for t in self.src.tables if t not in have]
         if missing and self.src.create_publication:
             self.conn.execute(
@@ -286,6 +298,38 @@ class PostgresAdmin:
                 sql.SQL("alter publication {} set (publish_via_partition_root = true)").format(sql.Identifier(name))
             )
         sync_column_lists(self)
+
+    def _drop_unconfigured(self, name: str) -> None:
+        """With `create_publication`, drop from the publication the tables it names that left the config.
+
+        A table removed from `tables` (and so from its column rules) that stayed published would go
+        on being sent, unmasked; the stream drops changes of tables the config does not list anyway
+        (changes.py), and this stops the server sending them. Tables a schema-wide or all-tables
+        publication covers cannot be dropped one by one and are left to that skip.
+        """
+        if not self.src.create_publication:
+            return
+        with self.conn.cursor() as cur:
+            cur.execute(
+                "select n.nspname, c.relname from pg_publication p join pg_publication_rel r on r.prpubid = p.oid "
+                "join pg_class c on c.oid = r.prrelid join pg_namespace n on n.oid = c.relnamespace "
+                "where p.pubname = %s order by 1, 2",
+                (name,),
+            )
+            extra = [(str(n), str(t)) for n, t in cur.fetchall() if f"{n}.{t}" not in self.src.tables]
+        if not extra:
+            return
+        log.warning(
+            "source=%s: dropping %s from publication %s: not in the configured tables any more",
+            self.src.name,
+            ", ".join(f"{n}.{t}" for n, t in extra),
+            name,
+        )
+        self.conn.execute(
+            sql.SQL("alter publication {} drop table {}").format(
+                sql.Identifier(name), sql.SQL(", ").join(sql.Identifier(n, t) for n, t in extra)
+            )
+        )
 
     def _check_publication_options(self) -> None:
         """An existing publication must send every change of the configured tables (review W11).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from psycopg import sql
@@ -9,7 +10,7 @@ from psycopg import sql
 from ingest.errors import SourceError
 from ingest.masking import TableMask
 from ingest.sources.postgres.admin import PostgresAdmin
-from ingest.sources.postgres.published import check_published
+from ingest.sources.postgres.published import check_published, table_columns
 from ingest.sources.postgres.values import TYPE_CATALOG_SQL, Encoder, TypeCatalog, non_utf8_tolerant
 
 
@@ -20,6 +21,7 @@ class PgCatalog:
         """Load pg_type once; reloaded when a type created later shows up."""
         self.admin = admin
         self.masks = admin.src.masks()
+        self.tables = frozenset(admin.src.tables)
         self.types = TypeCatalog.from_rows(admin.type_catalog_rows(TYPE_CATALOG_SQL))
         self._seen: set[int] = set()
         self._names: dict[tuple[int, int], str] = {}
@@ -28,14 +30,27 @@ class PgCatalog:
         """The relation's record key, in key order (admin.record_key)."""
         return self.admin.record_key(relation_id)
 
-    def table_mask(self, schema: str, table: str) -> TableMask | None:
-        """The configured excluded and masked columns of `schema.table` (None: none).
+    def captures(self, schema: str, table: str) -> bool:
+        """Whether `schema.table` is one of the source's configured tables (the publication may hold more)."""
+        return f"{schema}.{table}" in self.tables
 
-        Asked on each Relation message; for a table with excluded columns it also checks that the
-        publication's column list still sends every other column (published.check_published).
+    def table_mask(self, schema: str, table: str, sent: Sequence[str], key: Sequence[str]) -> TableMask | None:
+        """The excluded and masked columns of `schema.table` for changes carrying columns `sent` (None: none).
+
+        Asked on each Relation message of a table with rules: every column a rule names must
+        exist in the table now (SourceError before anything of the table is written), and a column
+        the changes carry that the table no longer has is masked (TableMask.for_relation). For a
+        table with excluded columns it also checks that the publication's column list still sends
+        every other column (published.check_published).
         """
-        mask = self.masks.table(f"{schema}.{table}")
-        check_published(self.admin, f"{schema}.{table}", mask)
+        qualified = f"{schema}.{table}"
+        mask = self.masks.table(qualified)
+        if mask is None:
+            return None
+        mask = mask.for_relation(
+            qualified, sent, table_columns(self.admin, qualified).columns, self.admin.src.name, key
+        )
+        check_published(self.admin, qualified, mask)
         return mask
 
     def _known(self, type_oid: int) -> None:
@@ -119,12 +134,14 @@ def table_shape(admin: PostgresAdmin, table: str) -> TableShape:
 def captured_shape(shape: TableShape, mask: TableMask | None, source: str) -> TableShape:
     """`shape` without the columns the config excludes: a page never selects them (masking.py).
 
-    Raises ConfigError if a key column is excluded or masked (record_pk and the keyset cursor
-    carry the key as it is).
+    Raises SourceError if a rule names a column the table does not have (a typo, or a column
+    renamed since: its values would be read as they are), ConfigError if a key column is excluded
+    or masked (record_pk and the keyset cursor carry the key as it is).
     """
     if mask is None:
         return shape
     table = f"{shape.schema}.{shape.name}"
+    mask.check_names(table, shape.columns, source)
     mask.check_key(table, [shape.columns[i] for i in shape.key_positions], source)
     keep = [i for i, c in enumerate(shape.columns) if c not in mask.exclude]
     names = tuple(shape.columns[i] for i in keep)

@@ -71,10 +71,16 @@ class Catalog(Protocol):
 
 @runtime_checkable
 class MaskingCatalog(Protocol):
-    """A catalog that also says which columns of a table must never land (the source's config)."""
+    """A catalog that also says which tables are captured and which of their columns must never land."""
 
-    def table_mask(self, schema: str, table: str) -> TableMask | None:
-        """The table's excluded and masked columns, None if it has none."""
+    def captures(self, schema: str, table: str) -> bool:
+        """Whether the table is one the source is configured to capture."""
+
+    def table_mask(self, schema: str, table: str, sent: Sequence[str], key: Sequence[str]) -> TableMask | None:
+        """The table's excluded and masked columns for changes carrying `sent`, None if it has none.
+
+        SourceError if a rule names a column the table does not have.
+        """
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +107,7 @@ class _Rel:
     # width as sent; None: every column (no cost on the unmasked path).
     keep: tuple[int, ...] | None = None
     width: int = 0
+    captured: bool = True  # False: a table the publication holds but the config does not list
 
     def project(self, values: Sequence[Any]) -> Sequence[Any]:
         """The row's written columns: all of them, or those `keep` lists (excluded ones dropped)."""
@@ -167,7 +174,9 @@ class ChangeBuilder:
         """
         self.catalog = catalog
         self.use_native = use_native
-        self._masks = catalog.table_mask if isinstance(catalog, MaskingCatalog) else None
+        self._rules = catalog if isinstance(catalog, MaskingCatalog) else None
+        # Row changes of tables the config does not list, by table: dropped, never written.
+        self.uncaptured: dict[str, int] = {}
         self._rels: dict[int, _Rel] = {}
         self.in_txn = False
         self._commit_lsn = 0
@@ -177,7 +186,40 @@ class ChangeBuilder:
         self.new_shapes: list[RelationShape] = []
 
     # -- relations -------------------------------------------------------------------------
+    def _uncaptured(self, msg: Relation) -> None:
+        """Remember a table the publication sends but the config does not list: its changes are dropped.
+
+        Such a table has no rules (a masked table removed from the config would land in plain
+        text), no snapshot and no re-snapshot, so what bronze could hold of it is neither safe nor
+        complete: nothing of it is written, and the skip is counted and said once per Relation.
+        """
+        table = f"{msg.namespace}.{msg.name}"
+        self.uncaptured.setdefault(table, 0)
+        log.warning(
+            "table %s is in the publication but not in the source's configured tables: its changes are not "
+            "captured (skipped so far: %d). Remove it from the publication, or add it to `tables`",
+            table,
+            self.uncaptured[table],
+        )
+        self._rels[msg.relation_id] = _Rel(
+            msg.namespace,
+            msg.name,
+            table,
+            (),
+            (),
+            (),
+            (),
+            RelationShape(msg.relation_id, msg.namespace, msg.name, msg.replica_identity, (), self._commit_lsn),
+            captured=False,
+        )
+
+    def _skip(self, rel: _Rel) -> None:
+        self.uncaptured[rel.table] = self.uncaptured.get(rel.table, 0) + 1
+
     def _relation(self, msg: Relation) -> None:
+        if self._rules is not None and not self._rules.captures(msg.namespace, msg.name):
+            self._uncaptured(msg)
+            return
         all_names = tuple(c.name for c in msg.columns)
         pk = historic_key(msg, self.catalog.record_key(msg.relation_id))
         if not pk:
@@ -188,7 +230,7 @@ class ChangeBuilder:
                     "key or set REPLICA IDENTITY FULL, or leave the table out of the publication"
                 )
             pk = list(all_names)
-        mask = self._masks(msg.namespace, msg.name) if self._masks is not None else None
+        mask = self._rules.table_mask(msg.namespace, msg.name, all_names, pk) if self._rules is not None else None
         keep: tuple[int, ...] | None = None
         columns = msg.columns
         if mask is not None:
@@ -292,6 +334,9 @@ class ChangeBuilder:
         if payload[0] in _ROW_MESSAGES:
             (relation_id,) = _U32.unpack_from(payload, 1)
             rel = self._rels.get(relation_id)
+            if rel is not None and not rel.captured:
+                self._skip(rel)  # not decoded at all: nothing of it is written
+                return None
             if rel is not None and rel.native is not None:
                 try:
                     code, record, pk, old_record, old_pk, toast = rel.native.change(payload)
@@ -322,12 +367,18 @@ class ChangeBuilder:
         match msg:
             case Insert():
                 rel = self._rel(msg.relation_id)
+                if not rel.captured:
+                    self._skip(rel)
+                    return None
                 new = rel.project(msg.new)
                 record, toast = encode_record(rel.table, rel.keys_json, rel.encoders, rel.names, new)
                 pk = encode_key(rel.table, rel.keys_json, rel.encoders, rel.pk_idx, new)
                 return self._row_event(Action.INSERT, rel, msg.relation_id, pk, None, record, None, toast)
             case Update():
                 rel = self._rel(msg.relation_id)
+                if not rel.captured:
+                    self._skip(rel)
+                    return None
                 new = rel.project(msg.new)
                 old = rel.project(msg.old) if msg.old is not None else None
                 record, toast = encode_record(rel.table, rel.keys_json, rel.encoders, rel.names, new)
@@ -343,6 +394,9 @@ class ChangeBuilder:
                 return self._row_event(Action.UPDATE, rel, msg.relation_id, pk, old_pk, record, old_record, toast)
             case Delete():
                 rel = self._rel(msg.relation_id)
+                if not rel.captured:
+                    self._skip(rel)
+                    return None
                 old = rel.project(msg.old)
                 old_record, _ = encode_record(rel.table, rel.keys_json, rel.encoders, rel.names, old)
                 pk = encode_key(rel.table, rel.keys_json, rel.encoders, rel.pk_idx, old)
@@ -367,13 +421,19 @@ class ChangeBuilder:
                 self._relation(msg)
                 return None
             case Truncate():
-                rels = [self._rel(r) for r in msg.relation_ids]
+                rels = [(r, self._rel(r)) for r in msg.relation_ids]
+                for _, rel in rels:
+                    if not rel.captured:
+                        self._skip(rel)
+                rels = [(r, rel) for r, rel in rels if rel.captured]
+                if not rels:
+                    return None
                 return self._event(
                     Action.TRUNCATE,
-                    table_schema=rels[0].schema,
-                    table_name=rels[0].name,
-                    relation_id=msg.relation_ids[0],
-                    truncated_tables=tuple(f"{r.schema}.{r.name}" for r in rels),
+                    table_schema=rels[0][1].schema,
+                    table_name=rels[0][1].name,
+                    relation_id=rels[0][0],
+                    truncated_tables=tuple(rel.table for _, rel in rels),
                     truncate_options=msg.options,
                 )
             case LogicalMessage():

@@ -3,7 +3,9 @@
 `ADD COLUMN ... DEFAULT` gives every existing row the value without a row change (a constant
 default is stored once in pg_attribute, `atthasmissing`; a volatile one rewrites the table, which
 logical decoding does not send). DROP COLUMN, RENAME COLUMN and ALTER COLUMN TYPE leave silver's
-existing records with values the source rows no longer have. Each is answered with a re-snapshot
+existing records with values the source rows no longer have, and so does a column that became
+excluded or masked (silver would keep its plain values until each row changes, and carry an
+unchanged TOASTed one forward into the new state). Each is answered with a re-snapshot
 of the table (DESIGN §7.1 and §7.7), requested when the stream meets the new shape (a Relation
 message) or, for a change no row change followed, when a run starts and finds the catalog's shape
 other than the last one recorded.
@@ -14,6 +16,7 @@ from __future__ import annotations
 from psycopg import sql
 
 from ingest.events import RelationShape
+from ingest.masking import MASKED_JSON_KIND
 from ingest.sources.postgres.admin import PostgresAdmin
 from ingest.sources.postgres.pgoutput import RELATION_COLUMN_KEY_FLAG, Relation, RelationColumn
 
@@ -28,7 +31,14 @@ def resnapshot_reason(admin: PostgresAdmin, before: RelationShape, after: Relati
     old = {c.name: (c.type_oid, c.type_modifier) for c in before.columns}
     new = {c.name: (c.type_oid, c.type_modifier) for c in after.columns}
     reasons = []
-    dropped = [n for n in old if n not in new]
+    excluded, masked = _newly_ruled(admin, before, after)
+    if excluded or masked:
+        reasons.append(
+            f"column {', '.join(excluded + masked)} became {'excluded' if excluded else 'masked'}"
+            f"{' or masked' if excluded and masked else ''}: the snapshot rewrites every record with the rule applied; "
+            "bronze and silver history from before holds the values as they were (docs/masking.md: purging it)"
+        )
+    dropped = [n for n in old if n not in new and n not in excluded]
     if dropped:
         reasons.append(f"column {', '.join(dropped)} dropped or renamed")
     retyped = [n for n, t in new.items() if n in old and old[n] != t]
@@ -46,6 +56,30 @@ def resnapshot_reason(admin: PostgresAdmin, before: RelationShape, after: Relati
         if defaulted:
             reasons.append(f"column {', '.join(defaulted)} added with a default (existing rows have its value)")
     return "; ".join(reasons) or None
+
+
+def _newly_ruled(admin: PostgresAdmin, before: RelationShape, after: RelationShape) -> tuple[list[str], list[str]]:
+    """Columns a rule began to exclude, and columns it began to mask, between `before` and `after`.
+
+    An excluded column is not in a shape: one `after` lacks that the table still has is excluded
+    now (not dropped or renamed). A masked one has json_kind `masked`.
+    """
+    kinds = {c.name: c.json_kind for c in before.columns}
+    masked = [
+        c.name
+        for c in after.columns
+        if c.json_kind == MASKED_JSON_KIND and kinds.get(c.name, MASKED_JSON_KIND) != MASKED_JSON_KIND
+    ]
+    gone = [c.name for c in before.columns if c.name not in {a.name for a in after.columns}]
+    if not gone:
+        return [], masked
+    with admin.conn.cursor() as cur:
+        cur.execute(
+            "select attname from pg_attribute where attrelid = %s and attname = any(%s) and attnum > 0 "
+            "and not attisdropped order by attnum",
+            (after.relation_id, gone),
+        )
+        return [str(r[0]) for r in cur.fetchall()], masked
 
 
 def relation_now(admin: PostgresAdmin, table: str) -> Relation | None:
