@@ -154,6 +154,21 @@ def snapshot(cfg: Config, table: str, source: str | None) -> str:
     )
 
 
+def cancel_snapshot(cfg: Config, table: str, source: str | None) -> str:
+    """Remove the queued snapshot requests of `table` (docs/snapshots.md); returns what was done.
+
+    Looked up in bronze, not in the config: a request for a table no longer configured can go too.
+    """
+    from ingest.capture.snapshots import cancel_requests
+
+    writer = _writer(cfg)
+    names = [source] if source else [s.name for s in cfg.sources]
+    done = {n: cancel_requests(writer, n, table) for n in names} if writer.exists(STREAM_POSITIONS_TABLE) else {}
+    if not any(done.values()):
+        raise ConfigError(f"no queued snapshot of {table} (sources: {', '.join(names)})")
+    return "; ".join(f"{n}: {k} queued snapshot(s) of {table} cancelled" for n, k in done.items() if k)
+
+
 @dataclass(frozen=True, slots=True)
 class SourceStatus:
     """What `status` prints for one source."""

@@ -46,6 +46,9 @@ def _parser() -> argparse.ArgumentParser:
     sn = sub.add_parser("snapshot", help="request a snapshot of one table; a running (or the next) `run` takes it")
     sn.add_argument("table", help="schema.table (database.collection of a MongoDB source), as listed in the config")
     sn.add_argument("--source", help="the source capturing the table (needed if several do)")
+    sn.add_argument(
+        "--cancel", action="store_true", help="remove the table's queued snapshot requests instead (stop `run` first)"
+    )
     s = sub.add_parser("status", help="positions, safe bound, slot lag, WAL status and snapshot progress")
     s.add_argument("--source", help="only this source")
     s.add_argument(
@@ -125,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "setup":
             for line in app.setup(cfg, args.source):
                 print(line)
+        elif args.command == "snapshot" and args.cancel:
+            print(app.cancel_snapshot(cfg, args.table, args.source))
         elif args.command == "snapshot":
             print(app.snapshot(cfg, args.table, args.source))
         elif args.command == "status" and args.json:

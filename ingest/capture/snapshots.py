@@ -6,6 +6,10 @@ import logging
 import threading
 from collections.abc import Callable
 
+from ingest.bronze.writer import BronzeWriter
+from ingest.events import WriterKind
+from ingest.positions import SnapshotProgress
+
 log = logging.getLogger(__name__)
 
 SnapshotWork = Callable[[Callable[[], bool]], None]
@@ -58,3 +62,20 @@ class SnapshotThread:
         """Stop after the current page and wait."""
         self._halt = True
         self._thread.join()
+
+
+def cancel_requests(writer: BronzeWriter, source: str, table: str) -> int:
+    """Remove the source's snapshot writers of `table` (requested, queued or interrupted); how many.
+
+    Pages a snapshot committed stay in bronze: each row was the table's row at its watermark. A
+    `run` performing one of them keeps its own copy of the request; stop it first.
+    """
+    rows = [
+        pos
+        for pos, _ in writer.positions(source)
+        if pos.writer_kind is WriterKind.SNAPSHOT and SnapshotProgress.from_row(pos).table == table
+    ]
+    for pos in rows:
+        writer.remove_writer(source, pos.writer_id)
+        log.info("snapshot request cancelled source=%s table=%s writer=%s", source, table, pos.writer_id)
+    return len(rows)
