@@ -30,12 +30,25 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+MIB = 1 << 20
+
+
 class BatchConfig(_Strict):
-    """How much change data one bronze commit holds (a batch ends on a transaction boundary)."""
+    """How much change data one bronze commit holds (a batch ends on a transaction boundary).
+
+    A batch closes at `max_events` events or `max_bytes` of record text, whichever comes first; a
+    transaction larger than that goes to bronze in pages (DESIGN §3).
+    """
 
     # 100k events: a commit of ~0.1 s with delta-rs, and ingest's peak RSS under 500 MiB with one
     # batch being built, one queued and one committing (BENCHMARKS.md; 200k: ~700 MiB, no faster).
     max_events: Annotated[int, Field(gt=0)] = 100_000
+    # Wide rows fill memory long before 100k events do (200 rows of 1 MB took 1.2 GB as one
+    # batch): a batch also closes at this many bytes of record, old record and message text, so
+    # that a bulk update of wide rows, and its replay after a crash, fits in memory. One event
+    # wider than this still goes through, alone. 64 MiB keeps `run --once` over a transaction of
+    # 2,000 rows of 1 MB under 600 MiB of peak RSS (BENCHMARKS.md, wide rows).
+    max_bytes: Annotated[int, Field(gt=0)] = 64 * MIB
     # A bronze commit costs tens of milliseconds (delta-rs): a short window keeps freshness
     # (source commit -> bronze) around a second without making many more files than compaction
     # folds away (BENCHMARKS.md, freshness).
@@ -88,6 +101,9 @@ class SnapshotSettings(_Strict):
 
     initial: bool = True  # snapshot every configured table that never completed a snapshot
     page_rows: Annotated[int, Field(gt=0, le=1_000_000)] = 10_000
+    # A page also ends once its rows' JSON reaches this many bytes (a row wider than that is a page
+    # of its own): 10k rows of 1 MB would be 10 GB in one page.
+    page_bytes: Annotated[int, Field(gt=0)] = 64 * MIB
     # Where dbt's consumer_records is, to re-read keys it marks needs_reread (default:
     # <warehouse>/dbt/silver.db/consumer_records, the local profile's location).
     reread_from: str | None = None
@@ -276,6 +292,9 @@ class MongoSource(_MaskedSource):
     pre_post_images: bool = False
     max_await_seconds: Annotated[float, Field(gt=0, le=60)] = 1.0
     snapshot_page_size: Annotated[int, Field(gt=0)] = 5_000
+    # A page also ends once its documents' JSON reaches this many bytes; the server ends a reply at
+    # 16 MiB anyway, so only a smaller budget changes anything.
+    snapshot_page_bytes: Annotated[int, Field(gt=0)] = 16 * MIB
     on_history_lost: Literal["fail", "resnapshot"] = "fail"
 
     @field_validator("name")

@@ -4,6 +4,8 @@ Decoding is Python work and a Delta commit is delta-rs (Rust) work that releases
 overlapping them is most of ingest's throughput on two cores. Order and safety: batches commit
 one at a time, in the order they were submitted; a batch's events commit before its position row is raised; and the
 caller acknowledges the source only with `ack_lsn`, which moves after both are durable.
+Memory: the batches handed over (queued and committing) are bounded in number and in bytes, so
+that what ingest holds of change data stays a few batch budgets however wide the rows are.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ from ingest.progress import Progress
 log = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 1  # batches queued behind the one being committed (bounds memory to ~3 batches)
+# Batches handed over (queued and committing) weigh at most this many batch byte budgets together;
+# a batch heavier than that (one event wider than the budget) waits until the committer is empty.
+IN_FLIGHT_BATCHES = 2
 WAIT_TICK_S = 0.5  # how often a blocked submit checks for a failure and calls `while_waiting`
 
 
@@ -44,6 +49,7 @@ class Batch:
     mid_transaction: bool = False
     end_lsns: dict[int, int] = field(default_factory=dict)  # commit LSN -> end LSN of its transaction
     resume_token: str | None = None  # stored with the raised position (MongoDB: how to reopen the stream)
+    size_bytes: int = 0  # what its events weigh (batcher.event_bytes), for the committer's byte bound
 
 
 _STOP = object()
@@ -68,8 +74,13 @@ class Committer:
         durable_lsn: int,
         ack_lsn: int,
         progress: Progress,
+        max_batch_bytes: int | None = None,
     ) -> None:
-        """Start the thread; positions start at the writer's registered `durable_lsn`/`ack_lsn`."""
+        """Start the thread; positions start at the writer's registered `durable_lsn`/`ack_lsn`.
+
+        `max_batch_bytes`: the batches' byte budget (`batch.max_bytes`); the batches handed over
+        weigh at most IN_FLIGHT_BATCHES of it together (None: bounded in number only).
+        """
         self.writer = writer
         self.source, self.source_kind = source, source_kind
         self.writer_id, self.writer_kind, self.started_at = writer_id, writer_kind, started_at
@@ -80,6 +91,9 @@ class Committer:
         self.metrics.raised(0, durable_lsn)
         self.while_waiting: Callable[[], None] | None = None
         self._queue: queue.Queue[Batch | object] = queue.Queue(maxsize=MAX_IN_FLIGHT)
+        self._max_held_bytes = None if max_batch_bytes is None else IN_FLIGHT_BATCHES * max_batch_bytes
+        self._held_bytes = 0  # size_bytes of the batches queued and committing
+        self._released = threading.Condition()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._work, name=f"committer-{source}", daemon=True)
         self._thread.start()
@@ -91,21 +105,45 @@ class Committer:
             raise BronzeWriteError(f"bronze commit failed: {self._error}") from self._error
 
     def submit(self, batch: Batch) -> None:
-        """Queue `batch` (blocks while MAX_IN_FLIGHT batches wait); raises an earlier failure.
+        """Queue `batch` (blocks while MAX_IN_FLIGHT batches wait or the byte bound is reached).
 
-        While it blocks, `while_waiting` (if set) is called every WAIT_TICK_S: a source keeps its
-        connection alive there (Postgres sends standby status, so a slow commit never trips the
-        server's `wal_sender_timeout`: review C7).
+        Raises an earlier failure. While it blocks, `while_waiting` (if set) is called every
+        WAIT_TICK_S: a source keeps its connection alive there (Postgres sends standby status, so a
+        slow commit never trips the server's `wal_sender_timeout`).
         """
         self._check()
-        while True:
-            try:
-                self._queue.put(batch, timeout=WAIT_TICK_S)
-                return
-            except queue.Full:
-                self._check()
-                if self.while_waiting is not None:
-                    self.while_waiting()
+        while not self._hold(batch.size_bytes):
+            self._waited()
+        try:
+            while True:
+                try:
+                    self._queue.put(batch, timeout=WAIT_TICK_S)
+                    return
+                except queue.Full:
+                    self._waited()
+        except BaseException:
+            self._release(batch.size_bytes)
+            raise
+
+    def _hold(self, size: int) -> bool:
+        """Count `size` bytes as handed over if they fit the bound (or nothing else is held)."""
+        with self._released:
+            fits = self._max_held_bytes is None or self._held_bytes + size <= self._max_held_bytes
+            if not (fits or self._held_bytes == 0):
+                self._released.wait(WAIT_TICK_S)
+                return False
+            self._held_bytes += size
+            return True
+
+    def _release(self, size: int) -> None:
+        with self._released:
+            self._held_bytes -= size
+            self._released.notify_all()
+
+    def _waited(self) -> None:
+        self._check()
+        if self.while_waiting is not None:
+            self.while_waiting()
 
     @property
     def idle(self) -> bool:
@@ -138,6 +176,8 @@ class Committer:
                 log.error("commit failed source=%s error=%s", self.source, e)
                 self._error = e
             finally:
+                if isinstance(item, Batch):
+                    self._release(item.size_bytes)
                 self._queue.task_done()
 
     def _commit(self, batch: Batch) -> None:

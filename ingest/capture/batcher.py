@@ -3,8 +3,8 @@
 A source feeds it events in stream order, the end of each transaction, and what it has observed
 of the stream between transactions (a Postgres keepalive, a MongoDB post-batch resume token). It
 owns the rules every source shares: skip what a restart re-delivers, cut batches on transaction
-boundaries (a transaction larger than a batch goes in pages that make nothing durable), and let
-an idle writer's position follow the stream.
+boundaries (a transaction larger than a batch, by events or by bytes, goes in pages that make
+nothing durable), and let an idle writer's position follow the stream.
 
 Two kinds of position reach the committer, and they mean different things (review finding D1):
 - a transaction's **commit position**: every event at or below it is in bronze (inclusive);
@@ -38,6 +38,15 @@ class CommitSink(Protocol):
 
     def drain(self) -> None:
         """Wait until every submitted batch is durable (raises a failure)."""
+
+
+def event_bytes(event: ChangeEvent) -> int:
+    """What an event weighs in a batch: the length of its record, old record and message texts.
+
+    Characters, not encoded bytes (the texts are JSON, mostly ASCII, and `len` costs nothing on
+    the hot path); keys are left out, being small beside the records they belong to.
+    """
+    return len(event.record or "") + len(event.old_record or "") + len(event.message_content or "")
 
 
 def boundary_position(boundary: int) -> int:
@@ -75,7 +84,7 @@ class TransactionBatcher:
     """Collects one writer's events into batches and hands them to the committer.
 
     Responsibilities: skip re-delivered events, start a batch's clock at its first event, cut a
-    page when a transaction outgrows the batch, make a completed transaction (or an observed
+    page when a transaction outgrows the batch (in events or in bytes), make a completed transaction (or an observed
     boundary) durable with the next batch, carry new relation shapes with it, and count what it
     skipped. It does no I/O itself; the committer writes, and the source acknowledges what the
     committer reports durable.
@@ -90,7 +99,9 @@ class TransactionBatcher:
         self.max_seconds = batch.max_seconds
         self._max_events = batch.max_events
         self.max_events = min(batch.max_events, first_batch_events or batch.max_events)
+        self.max_bytes = batch.max_bytes
         self.pending: list[ChangeEvent] = []
+        self.pending_bytes = 0  # event_bytes() summed over `pending`
         self.shapes: list[RelationShape] = []
         self.skipped = 0
         self._end_lsns: dict[int, int] = {}  # commit position -> end position, for completed transactions
@@ -108,20 +119,24 @@ class TransactionBatcher:
         if self.resume.already_in_bronze(event):
             self.skipped += 1
             return
-        if len(self.pending) >= self.max_events:
+        size = event_bytes(event)
+        if self.pending and (len(self.pending) >= self.max_events or self.pending_bytes + size > self.max_bytes):
             # A transaction larger than a batch goes to bronze in pages. The page is cut when the
             # transaction goes on past a full batch, not when the batch fills: a batch that fills
-            # with a transaction's last event ends with that transaction and makes it durable.
-            self.submit(mid_transaction=True)
+            # with a transaction's last event ends with that transaction and makes it durable. By
+            # bytes the cut comes before the event that would overflow the batch (one event larger
+            # than the budget goes alone); that cut may fall between two transactions.
+            self.submit(mid_transaction=self.pending[-1].commit_lsn not in self._end_lsns)
         if not self.pending:
             self._started = now
         self.pending.append(event)
+        self.pending_bytes += size
 
     def end_transaction(self, commit_lsn: int, end_lsn: int, now: float, resume_token: str | None = None) -> None:
         """The transaction at `commit_lsn` is complete; the source may be acknowledged with `end_lsn`."""
         self._completed = _Completed(commit_lsn, end_lsn, resume_token)
         self._end_lsns[commit_lsn] = end_lsn
-        if len(self.pending) >= self.max_events or self.due(now):
+        if len(self.pending) >= self.max_events or self.pending_bytes >= self.max_bytes or self.due(now):
             self.submit()
 
     def observe(self, boundary: int, now: float, resume_token: str | None = None, force: bool = False) -> None:
@@ -143,12 +158,19 @@ class TransactionBatcher:
     def submit(self, mid_transaction: bool = False) -> None:
         """Hand what is pending to the committer, with the last completed position."""
         self.max_events = self._max_events
-        batch = Batch(list(self.pending), self.shapes, mid_transaction=mid_transaction, end_lsns=self._end_lsns)
+        batch = Batch(
+            list(self.pending),
+            self.shapes,
+            mid_transaction=mid_transaction,
+            end_lsns=self._end_lsns,
+            size_bytes=self.pending_bytes,
+        )
         if self._completed is not None:  # every event at or below it is in this batch or an earlier one
             batch.durable_lsn, batch.ack_lsn = self._completed.durable_lsn, self._completed.ack_lsn
             batch.resume_token = self._completed.resume_token
             self._completed = None
         self.pending.clear()
+        self.pending_bytes = 0
         self.shapes = []
         self._end_lsns = {}
         self.sink.submit(batch)

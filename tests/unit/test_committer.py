@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -45,7 +46,7 @@ def event(lsn: int) -> ChangeEvent:
     return ChangeEvent(lsn, 0, 1, 0, Action.INSERT, "s", "t", 1, '{"id":1}', None, '{"id":1}')
 
 
-def make(writer: RecordingWriter) -> Committer:
+def make(writer: RecordingWriter, max_batch_bytes: int | None = None) -> Committer:
     return Committer(
         writer,  # type: ignore[arg-type]
         "src",
@@ -56,6 +57,7 @@ def make(writer: RecordingWriter) -> Committer:
         0,
         0,
         Progress("src", enabled=False),
+        max_batch_bytes=max_batch_bytes,
     )
 
 
@@ -161,3 +163,26 @@ def test_random_submissions_keep_the_order(seed: int) -> None:
     assert (c.durable_lsn, c.ack_lsn) == (expected, expected), f"seed {seed}: {w.calls}"
     positions = [p for kind, p in w.calls if kind == "position"]
     assert positions[-1:] == ([expected] if expected else []), f"seed {seed}"
+
+
+def test_batches_in_flight_are_bounded_in_bytes() -> None:
+    """Batches in flight were bounded in number only, whatever their width: now the committer takes
+    batches up to two batch budgets of bytes (queued and committing), and one wider than that alone.
+    """
+    w = RecordingWriter()
+    c = make(w, max_batch_bytes=100)
+    w.gate.clear()  # the first batch stays in its commit, and the queue has room
+    c.submit(Batch([event(10)], durable_lsn=10, ack_lsn=10, size_bytes=150))
+    while c._queue.qsize():
+        time.sleep(0.01)
+    second = threading.Thread(target=c.submit, args=(Batch([event(20)], durable_lsn=20, ack_lsn=20, size_bytes=60),))
+    second.start()
+    second.join(1.2)
+    assert second.is_alive(), "a batch was queued past the byte bound (150 + 60 of 200)"
+    w.gate.set()
+    second.join(10)
+    assert not second.is_alive()
+    c.submit(Batch([event(30)], durable_lsn=30, ack_lsn=30, size_bytes=1000))  # wider than the bound: alone
+    c.drain()
+    c.close()
+    assert [lsn for kind, lsn in w.calls if kind == "position"] == [10, 20, 30]

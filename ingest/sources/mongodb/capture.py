@@ -230,6 +230,7 @@ class MongoCapture:
             self.durable_lsn,
             self.durable_lsn,
             self.progress,
+            max_batch_bytes=self.batch.max_bytes,
         )
         try:
             try:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -68,6 +68,21 @@ def comparison_bracket(value: Any) -> str:
     if isinstance(value, bytes):  # bson.Binary is a bytes
         return "binary"
     return type(value).__name__
+
+
+def page_rows_within(rows: Iterable[SnapshotRow], max_bytes: int) -> tuple[SnapshotRow, ...]:
+    """The leading rows whose records fit in `max_bytes` (the first row always: a page holds at least one).
+
+    The rows after them are not encoded; the next page reads them again after the last kept `_id`.
+    """
+    kept: list[SnapshotRow] = []
+    size = 0
+    for row in rows:
+        if kept and size + len(row.record) > max_bytes:
+            break
+        kept.append(row)
+        size += len(row.record)
+    return tuple(kept)
 
 
 class MongoSnapshotter:
@@ -205,15 +220,17 @@ class MongoSnapshotter:
         if not isinstance(at, Timestamp):
             at = self._fallback_cluster_time(read_at)
         mask = self.masks.table(self.ns.coll or "")  # excluded fields dropped, masked ones masked (masking.py)
-        rows = tuple(
-            SnapshotRow(record_key(d["_id"]), ext_json(mask_document(d, mask)), (ext_json(d["_id"]),)) for d in docs
+        rows = page_rows_within(
+            (SnapshotRow(record_key(d["_id"]), ext_json(mask_document(d, mask)), (ext_json(d["_id"]),)) for d in docs),
+            self.src.snapshot_page_bytes,
         )
+        cut = len(rows) < len(docs)
         return SnapshotPage(
             snapshot_id=self.state.snapshot_id,
             table_schema=self.ns.db,
             table_name=self.ns.coll or "",
             page_number=page_number,
-            last_page=len(docs) < size and not cursor.get("id"),
+            last_page=len(docs) < size and not cursor.get("id") and not cut,
             rows=rows,
             high_watermark_lsn=pack_cluster_time(at),
             read_at_us=int(read_at * 1_000_000),

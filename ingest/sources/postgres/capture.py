@@ -306,6 +306,7 @@ class PostgresCapture:
                 self.durable_lsn,
                 self.ack_lsn,
                 self.progress,
+                max_batch_bytes=self.batch.max_bytes,
             )
             catalog = PgCatalog(admin)
             stream = ReplicationStream(self.src.dsn, self.src.slot_name, self.src.publication_name)

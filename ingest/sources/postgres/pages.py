@@ -30,6 +30,8 @@ WATERMARK_PREFIX = "changelake.watermark"
 # undefined_column, datatype_mismatch, cannot_coerce: a column was dropped or changed its type
 # between the snapshot's start (when it read the table's shape) and a page.
 SHAPE_CHANGED_SQLSTATES = frozenset({"42703", "42804", "42846"})
+PAGE_CURSOR = b"changelake_page"  # the page's rows are fetched through it (closed by the page's COMMIT)
+FETCH_GROWTH = 8  # a fetch asks for at most this many times the rows read so far in the page
 # A test (or an operator's debugging session) may run statements at moments of a page:
 # "before_read", "after_begin" (the page's snapshot is taken next) and "after_read".
 Hook = Callable[[str, "SnapshotTask", int], None]
@@ -44,6 +46,7 @@ class PageRead:
     xmax: int
     xip: tuple[int, ...]
     read_at_us: int
+    cut: bool = False  # the page's byte budget ended it: more rows follow, whatever their number
 
 
 class PageReader:
@@ -86,9 +89,18 @@ class PageReader:
             self.hook(point, task, page)
 
     def read_page(
-        self, shape: TableShape, encoders: Sequence[Encoder], task: SnapshotTask, page: int, limit: int
+        self,
+        shape: TableShape,
+        encoders: Sequence[Encoder],
+        task: SnapshotTask,
+        page: int,
+        limit: int,
+        max_bytes: int,
     ) -> PageRead:
-        """Read up to `limit` rows after `task.after` in key order, in one REPEATABLE READ transaction."""
+        """Read up to `limit` rows, and `max_bytes` of record JSON, after `task.after` in key order.
+
+        In one REPEATABLE READ transaction.
+        """
         cols = sql.SQL(", ").join(sql.Identifier(c) for c in shape.columns)
         keys = sql.SQL(", ").join(sql.Identifier(shape.columns[i]) for i in shape.key_positions)
         params: list[bytes | None] = []
@@ -128,21 +140,53 @@ class PageReader:
         xip_text = (snap.get_value(0, 2) or b"").decode()
         xip = tuple(int(x) for x in xip_text.split(",") if x)
         read_at_us = int(time.time() * 1_000_000)
-        res = self._exec(text.encode(), params)
+        rows, cut = self._fetch(text.encode(), params, shape, encoders, limit, max_bytes)
         self._check_types(shape)
         self._exec(b"COMMIT")
+        self._hook("after_read", task, page)
+        return PageRead(rows, xmin, xmax, xip, read_at_us, cut)
+
+    def _fetch(
+        self,
+        query: bytes,
+        params: Sequence[bytes | None],
+        shape: TableShape,
+        encoders: Sequence[Encoder],
+        limit: int,
+        max_bytes: int,
+    ) -> tuple[list[SnapshotRow], bool]:
+        """The page's rows, read through a cursor until `limit` rows or `max_bytes` of record JSON.
+
+        One result of `limit` wide rows would hold them all at once (10k rows of 1 MB: 10 GB), so
+        the rows come in fetches sized from the rows seen so far, and the page ends before the row
+        that would take it past `max_bytes` (a first row wider than that is a page alone). Returns
+        the rows and whether the byte budget ended the page (then more rows follow).
+        """
+        self._exec(b"DECLARE " + PAGE_CURSOR + b" NO SCROLL CURSOR FOR " + query, params)
         table = f"{shape.schema}.{shape.name}"
         keys_json = json_keys(shape.columns)
         width = range(len(shape.columns))
-        rows = []
-        for r in range(res.ntuples):
-            values = [None if (v := res.get_value(r, c)) is None else bytes(v) for c in width]
-            record, _ = encode_record(table, keys_json, encoders, shape.columns, values)
-            record_pk = encode_key(table, keys_json, encoders, shape.key_positions, values)
-            key_text = tuple((values[i] or b"").decode() for i in shape.key_positions)
-            rows.append(SnapshotRow(record_pk, record, key_text))
-        self._hook("after_read", task, page)
-        return PageRead(rows, xmin, xmax, xip, read_at_us)
+        rows: list[SnapshotRow] = []
+        size = 0
+        want = 1
+        while want > 0:
+            res = self._exec(b"FETCH FORWARD %d FROM %s" % (want, PAGE_CURSOR))
+            for r in range(res.ntuples):
+                values = [None if (v := res.get_value(r, c)) is None else bytes(v) for c in width]
+                record, _ = encode_record(table, keys_json, encoders, shape.columns, values)
+                if rows and size + len(record) > max_bytes:
+                    return rows, True
+                record_pk = encode_key(table, keys_json, encoders, shape.key_positions, values)
+                key_text = tuple((values[i] or b"").decode() for i in shape.key_positions)
+                rows.append(SnapshotRow(record_pk, record, key_text))
+                size += len(record)
+            if res.ntuples < want:
+                break
+            # As many rows as the budget has room for at the average width so far, growing by at
+            # most FETCH_GROWTH at a time (a narrow first row says little about the next ones).
+            room = max(1, (max_bytes - size) * len(rows) // max(size, 1))
+            want = min(limit - len(rows), room, FETCH_GROWTH * len(rows))
+        return rows, False
 
     def _check_types(self, shape: TableShape) -> None:
         """Fail the page (transiently) if a column's type is not the one its encoder was made for.

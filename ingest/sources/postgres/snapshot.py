@@ -259,13 +259,11 @@ class Snapshotter:
         t0, rows0 = time.monotonic(), task.rows
         last_raise = 0.0
         while not should_stop():
-            read = reader.read_page(shape, encoders, task, page, self.page_rows)
-            is_last = (
-                task.keys is not None
-                or task.until is None
-                or len(read.rows) < self.page_rows
-                or read.rows[-1].key_text == task.until
-            )
+            read = reader.read_page(shape, encoders, task, page, self.page_rows, self.src.snapshot.page_bytes)
+            # A page cut by its byte budget has rows after it, a re-read of listed keys too: the
+            # next page reads on after its last key.
+            more = read.cut or (task.keys is None and task.until is not None and len(read.rows) >= self.page_rows)
+            is_last = not more or read.rows[-1].key_text == task.until
             hw = reader.watermark(task, page)
             self.writer.append_page(
                 self.src.name,

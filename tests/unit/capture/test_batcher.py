@@ -14,13 +14,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ingest.bronze.committer import Batch
-from ingest.capture.batcher import IDLE_POSITION_INTERVAL_S, Resume, TransactionBatcher
+from ingest.capture.batcher import IDLE_POSITION_INTERVAL_S, Resume, TransactionBatcher, event_bytes
 from ingest.config import BatchConfig
 from ingest.events import Action, ChangeEvent
 
 
-def ev(lsn: int, index: int = 0) -> ChangeEvent:
-    return ChangeEvent(lsn, index, 1, 0, Action.INSERT, "s", "t", 1, f'{{"id":{lsn}}}', None, "{}")
+def ev(lsn: int, index: int = 0, width: int = 2) -> ChangeEvent:
+    """An insert whose record is `width` characters long."""
+    return ChangeEvent(
+        lsn, index, 1, 0, Action.INSERT, "s", "t", 1, f'{{"id":{lsn}}}', None, "{" + "x" * (width - 2) + "}"
+    )
 
 
 class Sink:
@@ -40,8 +43,11 @@ class Sink:
         pass
 
 
-def batcher(sink: Sink, max_events: int = 100, resume: Resume | None = None, **kw: int) -> TransactionBatcher:
-    return TransactionBatcher(sink, BatchConfig(max_events=max_events, max_seconds=60), resume or Resume(0), **kw)
+def batcher(
+    sink: Sink, max_events: int = 100, resume: Resume | None = None, max_bytes: int = 1 << 30, **kw: int
+) -> TransactionBatcher:
+    config = BatchConfig(max_events=max_events, max_bytes=max_bytes, max_seconds=60)
+    return TransactionBatcher(sink, config, resume or Resume(0), **kw)
 
 
 def test_a_transaction_larger_than_a_batch_goes_in_pages_that_make_nothing_durable() -> None:
@@ -57,6 +63,49 @@ def test_a_transaction_larger_than_a_batch_goes_in_pages_that_make_nothing_durab
         (100, 108, False),
     ]
     assert sink.batches[1].end_lsns == {100: 108}
+
+
+def test_a_transaction_of_wide_rows_goes_in_pages_cut_by_bytes() -> None:
+    """Batches were bounded by count only: 200 rows of 1 MB made one batch of 200 MB (1.2 GB of RSS).
+
+    A page now ends before the event that would take it past `max_bytes`; an event wider than the
+    budget goes alone; a batch full of bytes at a transaction's end is handed over with it.
+    """
+    sink = Sink()
+    b = batcher(sink, max_bytes=100)
+    for i, width in enumerate((40, 40, 40, 250, 10)):
+        b.add(ev(100, i, width), now=0)
+    b.end_transaction(100, 108, now=0)
+    b.add(ev(200, 0, 60), now=0)
+    b.add(ev(200, 1, 40), now=0)
+    b.add(ev(200, 2, 60), now=0)
+    b.end_transaction(200, 208, now=0)
+    assert [[e.position for e in x.events] for x in sink.batches] == [
+        [(100, 0), (100, 1)],
+        [(100, 2)],
+        [(100, 3)],
+        [(100, 4), (200, 0)],
+        [(200, 1), (200, 2)],
+    ]
+    assert [x.size_bytes for x in sink.batches] == [80, 40, 250, 70, 100]
+    assert [(x.durable_lsn, x.mid_transaction) for x in sink.batches] == [
+        (None, True),
+        (None, True),
+        (None, True),
+        (100, True),  # cut inside the second transaction; the first is complete in it
+        (200, False),  # 100 bytes: full at the transaction's end
+    ]
+
+
+def test_a_cut_by_bytes_between_transactions_is_not_a_page() -> None:
+    sink = Sink()
+    b = batcher(sink, max_bytes=100)
+    b.add(ev(100, 0, 60), now=0)
+    b.end_transaction(100, 108, now=0)
+    b.add(ev(200, 0, 60), now=0)  # would overflow: the batch before it ends with transaction 100
+    assert [(x.durable_lsn, x.ack_lsn, x.mid_transaction, len(x.events)) for x in sink.batches] == [
+        (100, 108, False, 1)
+    ]
 
 
 def test_a_batch_is_cut_at_a_transaction_end_once_full_or_old() -> None:
@@ -153,6 +202,7 @@ class Bronze:
         self.acked = 0  # what the server was told (the slot's confirmed position)
         self.steps = 0
         self.crash_at = crash_at
+        self.batches: list[Batch] = []  # every batch handed over, in both runs
 
     def step(self) -> None:
         self.steps += 1
@@ -171,6 +221,7 @@ class CrashingSink(Sink):
 
     def submit(self, batch: Batch) -> None:
         br = self.bronze
+        br.batches.append(batch)
         if batch.events:
             br.step()
             br.events += [e.position for e in batch.events]
@@ -182,16 +233,22 @@ class CrashingSink(Sink):
             br.acked = br.ack
 
 
-def replay(txns: list[Txn], bronze: Bronze, max_events: int) -> None:
+def width(commit: int, index: int) -> int:
+    """A record width in 2..41 characters that a replay sees again for the same event."""
+    return 2 + (commit * 7 + index * 13) % 40
+
+
+def replay(txns: list[Txn], bronze: Bronze, max_events: int, max_bytes: int = 1 << 30) -> None:
     """One run: the server sends every transaction whose commit starts at or after the slot's position."""
     last = max((p for p in bronze.events if p[0] > bronze.durable), default=None)
     sink = CrashingSink(bronze)
-    b = TransactionBatcher(sink, BatchConfig(max_events=max_events, max_seconds=60), Resume(bronze.durable, last))
+    config = BatchConfig(max_events=max_events, max_bytes=max_bytes, max_seconds=60)
+    b = TransactionBatcher(sink, config, Resume(bronze.durable, last))
     for t in txns:
         if t.commit < bronze.acked:
             continue
         for i in range(t.events):
-            b.add(ev(t.commit, i), now=0)
+            b.add(ev(t.commit, i, width(t.commit, i)), now=0)
         b.end_transaction(t.commit, t.end, now=0)
         if t.boundary_after is not None:
             b.submit()
@@ -215,3 +272,28 @@ def test_a_crash_at_any_step_and_a_restart_lose_and_duplicate_nothing(
         bronze.crash_at = None
         replay(txns, bronze, max_events)
     assert bronze.events == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(runs(), st.integers(1, 8), st.integers(1, 120), st.data())
+def test_no_batch_outweighs_the_byte_budget_and_a_crash_anywhere_loses_nothing(
+    txns: list[Txn], max_events: int, max_bytes: int, data: st.DataObject
+) -> None:
+    """Batches were bounded by count only; now by bytes as well, with the delivery property intact.
+
+    A batch weighs at most `max_bytes` unless it is a single event wider than that (which still
+    goes through, alone), and a crash at any step with a restart loses and duplicates nothing.
+    """
+    expected = [(t.commit, i) for t in txns for i in range(t.events)]
+    bronze = Bronze(crash_at=data.draw(st.integers(0, 3 * len(expected) + 3 * len(txns) + 2)))
+    try:
+        replay(txns, bronze, max_events, max_bytes)
+    except Crash:
+        bronze.crash_at = None
+        replay(txns, bronze, max_events, max_bytes)
+    assert bronze.events == expected
+    for batch in bronze.batches:
+        weight = sum(event_bytes(e) for e in batch.events)
+        assert batch.size_bytes == weight
+        assert weight <= max_bytes or len(batch.events) == 1, (max_bytes, [event_bytes(e) for e in batch.events])
+        assert len(batch.events) <= max_events
