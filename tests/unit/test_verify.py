@@ -17,6 +17,7 @@ from ingest.verify import (
     EXIT_EQUAL,
     EXIT_MISMATCH,
     EXIT_NOT_VERIFIED,
+    ColumnOrder,
     Row,
     Rows,
     Status,
@@ -24,6 +25,7 @@ from ingest.verify import (
     compare,
     differing_columns,
     exit_code,
+    in_column_order,
 )
 
 
@@ -84,7 +86,72 @@ def test_max_keys_caps_the_lists_not_the_counts() -> None:
 
 def test_differing_columns_include_columns_present_on_one_side() -> None:
     assert differing_columns('{"a":1,"b":2}', '{"a":1,"c":2}') == ["b", "c"]
-    assert differing_columns('{"a":1.0}', '{"a":1}') == []
+    assert differing_columns('{"a":null}', "{}") == ["a"]
+
+
+def test_differing_columns_compare_types_and_exact_numbers() -> None:
+    """verify said "equal" for `true` against `1`: Python's True == 1 (and False == 0) made them one value.
+
+    A JSON number has one type: the same value spelt otherwise (5 and 5.0, 1e2 and 100, as Spark
+    re-spells a value it carried through a variant) is equal, compared exactly (as floats two
+    different 20-digit numerics were one value). A boolean, a string or null is never a number.
+    """
+    assert differing_columns('{"flag":true,"n":5}', '{"flag":1,"n":5.0}') == ["flag"]
+    assert differing_columns('{"flag":false}', '{"flag":0}') == ["flag"]
+    assert differing_columns('{"n":5}', '{"n":"5"}') == ["n"]
+    assert differing_columns('{"n":0}', '{"n":null}') == ["n"]
+    assert differing_columns('{"j":{"a":[true,2]}}', '{"j":{"a":[1,2]}}') == ["j"]
+    assert differing_columns('{"n":12345678901234567890.1}', '{"n":12345678901234567890.2}') == ["n"]
+    assert differing_columns('{"a":1.0,"n":1e2,"j":{"x":1,"y":[2]}}', '{"n":100,"a":1,"j":{"y":[2.0],"x":1}}') == []
+
+
+def test_a_boolean_silver_value_stored_as_a_number_is_a_mismatch() -> None:
+    """The checksum saw `{"flag":1}` against `{"flag":true}`, and the bisection overruled it as spelling."""
+    src, sil = table(30), table(30)
+    src[1], sil[1] = '{"id":1,"flag":true,"n":5}', '{"id":1,"flag":1,"n":5.0}'
+    r = compare(TableResult("s", "a.t"), rows(src), rows(sil), 30, set(), range_rows=10)
+    assert r.status is Status.MISMATCH and r.different_keys == [('{"id":1}', ["flag"])]
+
+
+def test_a_mismatching_range_that_bisects_to_no_key_is_never_equal() -> None:
+    """A range whose checksums differ but whose bisection named no key was reported equal.
+
+    Here silver holds one key twice (two live rows): the counts differ, the bisection's per-key
+    view sees one record, equal to the source's.
+    """
+    src = table(30)
+    items = [(f'{{"id":{k}}}', v) for k, v in sorted(src.items())]
+    doubled = [*items, items[4]]
+    r = compare(TableResult("s", "a.t"), rows(src), lambda: iter([doubled]), 30, set(), range_rows=10)
+    assert r.status is Status.MISMATCH and r.mismatched_ranges == 1 and r.unresolved_ranges == 1
+    assert "no key" in (r.reason or "") and "no key" in r.line(str)
+
+
+def test_silver_records_in_another_key_order_checksum_equal() -> None:
+    """Silver moves a carried-forward TOAST value's key to the end of its record.
+
+    Every range of such a table mismatched on its checksum and was read twice to bisect (and past
+    the bisection budget reported as a mismatch naming no key). Re-encoded in the table's column
+    order, silver's records hash as the source's.
+    """
+    src = {i: f'{{"id":{i},"big":"{"x" * i}","v":"x{i}"}}' for i in range(40)}
+    sil = {i: f'{{"id":{i},"v":"x{i}","big":"{"x" * i}"}}' for i in range(40)}
+    sil[7] = '{"id":7,"v":"x7", "big" : "xxxxxxx"}'  # whitespace too
+    ordered = in_column_order(rows(sil), ["id", "big", "v"])
+    r = compare(TableResult("s", "a.t"), rows(src), ordered, 40, set(), range_rows=10, bisect_rows=5)
+    assert (r.status, r.mismatched_ranges, r.unresolved_ranges) == (Status.EQUAL, 0, 0), r
+    # Only the order is changed: a different value still differs, an unknown key stays.
+    odd = {**sil, 3: '{"id":3,"v":"changed","big":"xxx"}', 4: '{"extra":1,"id":4,"v":"x4","big":"xxxx"}'}
+    r = compare(TableResult("s", "a.t"), rows(src), in_column_order(rows(odd), ["id", "big", "v"]), 40, set())
+    assert r.different_keys == [('{"id":3}', ["v"]), ('{"id":4}', ["extra"])] and r.mismatched_ranges == 1
+
+
+def test_column_order_leaves_what_it_cannot_parse_alone() -> None:
+    order = ColumnOrder(["id", "big", "v"])
+    assert order.apply('{"id":1,"big":"a","v":"b"}') == '{"id":1,"big":"a","v":"b"}'
+    assert order.apply('{"v":{"big":[1,"}"]},"id":1}') == '{"id":1,"v":{"big":[1,"}"]}}'
+    assert order.apply('{"v":1,"id":') == '{"v":1,"id":'  # not JSON: compared as it is
+    assert order.apply("[1]") == "[1]"
 
 
 def test_a_null_silver_record_differs_in_every_column() -> None:
