@@ -21,9 +21,10 @@ from ingest.events import SnapshotRow, lsn_to_int
 from ingest.sources.postgres.catalog import TableShape
 from ingest.sources.postgres.replication import connect_value_session
 from ingest.sources.postgres.rows import encode_key, encode_record, json_keys
-from ingest.sources.postgres.values import Encoder
+from ingest.sources.postgres.values import Encoder, TypeCatalog, non_utf8_tolerant
 
 if TYPE_CHECKING:
+    from ingest.masking import TableMask
     from ingest.sources.postgres.snapshot import SnapshotTask
 
 WATERMARK_PREFIX = "changelake.watermark"
@@ -35,6 +36,20 @@ FETCH_GROWTH = 8  # a fetch asks for at most this many times the rows read so fa
 # A test (or an operator's debugging session) may run statements at moments of a page:
 # "before_read", "after_begin" (the page's snapshot is taken next) and "after_read".
 Hook = Callable[[str, "SnapshotTask", int], None]
+
+
+def page_encoders(types: TypeCatalog, shape: TableShape, mask: TableMask | None, non_utf8: str) -> list[Encoder]:
+    """The value encoders of a table's columns as a snapshot page encodes them, verify's source rows too.
+
+    The source's `non_utf8` policy applies (a value that is not UTF-8 is an error naming its
+    column, replaced or read as Latin-1), and masked columns are hashed. One helper for both: verify
+    built its own without the policy, and failed on every value ingest had captured under it.
+    """
+    encoders = [non_utf8_tolerant(types.column_encoder(oid), non_utf8) for oid in shape.type_oids]
+    if mask is not None and mask.mask:
+        hashed = mask.encoder()
+        encoders = [hashed if c in mask.mask else e for c, e in zip(shape.columns, encoders, strict=True)]
+    return encoders
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,30 +119,33 @@ class PageReader:
         cols = sql.SQL(", ").join(sql.Identifier(c) for c in shape.columns)
         keys = sql.SQL(", ").join(sql.Identifier(shape.columns[i]) for i in shape.key_positions)
         params: list[bytes | None] = []
+
+        def bound(values: Sequence[str]) -> sql.Composable:
+            # libpq's own $n markers, numbered as values are bound: psycopg's %s rendered and then
+            # replaced textually also replaced a "%s" inside a quoted table or column name.
+            marks = []
+            for value, type_name in zip(values, shape.key_types, strict=True):
+                params.append(value.encode())
+                marks.append(sql.SQL(f"${len(params)}::") + sql.SQL(type_name))
+            return sql.SQL(", ").join(marks)
+
         conds: list[sql.Composable] = []
-        casts = sql.SQL(", ").join(sql.SQL("{}::{}").format(sql.Placeholder(), sql.SQL(t)) for t in shape.key_types)
         if task.keys is not None:  # a re-read of listed keys (DESIGN §6: unchanged TOAST with no image)
-            tuples = sql.SQL(", ").join(sql.SQL("({})").format(casts) for _ in task.keys)
+            tuples = sql.SQL(", ").join(sql.SQL("({})").format(bound(key)) for key in task.keys)
             conds.append(sql.SQL("({}) in ({})").format(keys, tuples))
-            params += [k.encode() for key in task.keys for k in key]
         if task.after is not None:
-            conds.append(sql.SQL("({}) > ({})").format(keys, casts))
-            params += [k.encode() for k in task.after]
+            conds.append(sql.SQL("({}) > ({})").format(keys, bound(task.after)))
         if task.bounded and task.until is None:
             conds.append(sql.SQL("false"))  # the table was empty when the snapshot started
         if task.until is not None:
             # Rows inserted above the starting maximum arrive by the stream: without this bound a
             # snapshot of a table under insert load could chase its tail forever.
-            conds.append(sql.SQL("({}) <= ({})").format(keys, casts))
-            params += [k.encode() for k in task.until]
+            conds.append(sql.SQL("({}) <= ({})").format(keys, bound(task.until)))
         where: sql.Composable = sql.SQL(" where ") + sql.SQL(" and ").join(conds) if conds else sql.SQL("")
         query = sql.SQL("select {} from {}{} order by {} limit {}").format(
             cols, shape.scan, where, keys, sql.Literal(limit)
         )
-        # psycopg's placeholders are %s; the libpq protocol's are $n.
         text = query.as_string(None)
-        for n in range(1, len(params) + 1):
-            text = text.replace("%s", f"${n}", 1)
         self._hook("before_read", task, page)
         self._exec(b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         self._hook("after_begin", task, page)

@@ -36,9 +36,9 @@ from ingest.positions import SnapshotProgress, SourcePositions, snapshot_writer_
 from ingest.progress import Progress
 from ingest.sources.postgres.admin import PostgresAdmin
 from ingest.sources.postgres.catalog import captured_shape, estimate_rows, table_shape
-from ingest.sources.postgres.pages import Hook, PageReader
+from ingest.sources.postgres.pages import Hook, PageReader, page_encoders
 from ingest.sources.postgres.rereads import RereadKeys
-from ingest.sources.postgres.values import TYPE_CATALOG_SQL, TypeCatalog, non_utf8_tolerant
+from ingest.sources.postgres.values import TYPE_CATALOG_SQL, TypeCatalog
 
 log = logging.getLogger(__name__)
 
@@ -239,10 +239,7 @@ class Snapshotter:
     ) -> bool:
         mask = self.masks.table(task.table)
         shape = captured_shape(table_shape(admin, task.table), mask, self.src.name)
-        encoders = [non_utf8_tolerant(types.column_encoder(oid), self.src.non_utf8) for oid in shape.type_oids]
-        if mask is not None and mask.mask:
-            hashed = mask.encoder()
-            encoders = [hashed if c in mask.mask else e for c, e in zip(shape.columns, encoders, strict=True)]
+        encoders = page_encoders(types, shape, mask, self.src.non_utf8)
         last = self.writer.last_durable_page(self.src.name, task.snapshot_id)
         page = 0
         if last is not None:

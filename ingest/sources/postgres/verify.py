@@ -33,6 +33,7 @@ from ingest.positions import SourcePositions
 from ingest.sources.postgres import native
 from ingest.sources.postgres.admin import PostgresAdmin
 from ingest.sources.postgres.catalog import captured_shape, table_shape
+from ingest.sources.postgres.pages import page_encoders
 from ingest.sources.postgres.replication import connect_value_session
 from ingest.sources.postgres.rows import encode_key, encode_record, json_keys
 from ingest.sources.postgres.values import TYPE_CATALOG_SQL, Encoder, TypeCatalog
@@ -44,6 +45,7 @@ from ingest.verify import (
     TableResult,
     changed_keys,
     compare,
+    in_column_order,
     silver_path,
     wait_for_bronze,
 )
@@ -284,15 +286,12 @@ def verify_tables(
             skip = changed.keys | silver.unusable_keys(src.name, schema, name, position)
             r.skipped_keys = len(skip)
             r.reread_keys = len(silver.reread_keys(src.name, schema, name))
-            encoders = [types.column_encoder(oid) for oid in shape.type_oids]
-            if mask is not None and mask.mask:
-                hashed = mask.encoder()
-                encoders = [hashed if c in mask.mask else e for c, e in zip(shape.columns, encoders, strict=True)]
+            encoders = page_encoders(types, shape, mask, src.non_utf8)
             source_rows = snap.rows(r.table, shape.columns, shape.key_positions, shape.scan, encoders)
             compare(
                 r,
                 source_rows,
-                silver.rows(src.name, schema, name),
+                in_column_order(silver.rows(src.name, schema, name), shape.columns),
                 snap.count(shape.scan),
                 skip,
                 range_rows=range_rows,
