@@ -10,13 +10,19 @@ import sys
 from functools import partial
 
 from ingest.config import Config, load_config
-from ingest.errors import ConfigError, IngestError, RetriesExhaustedError, SourceUnavailableError
+from ingest.errors import (
+    BronzeUnavailableError,
+    ConfigError,
+    IngestError,
+    RetriesExhaustedError,
+    SourceUnavailableError,
+)
 
 DEFAULT_CONFIG_ENV = "CHANGELAKE_CONFIG"
 DEFAULT_CONFIG = "changelake.yml"
 EXIT_INTERNAL_ERROR = 1
 EXIT_USER_ERROR = 2
-EXIT_TEMPFAIL = 75  # sysexits.h EX_TEMPFAIL: a source is unreachable; the same command later may succeed
+EXIT_TEMPFAIL = 75  # sysexits.h EX_TEMPFAIL: a source or the warehouse is unavailable; retry later
 log = logging.getLogger("ingest.cli")
 
 
@@ -114,6 +120,10 @@ def _verify(cfg: Config, args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit code (2 for errors the user can fix)."""
     args = _parser().parse_args(argv)
+    # delta-rs reports a panic of its worker threads (e.g. an object-store writer after disk full)
+    # on stderr itself, with a Rust backtrace when RUST_BACKTRACE asks for one; the error that
+    # follows is ours, one line and an exit code, so the backtrace is only noise.
+    os.environ["RUST_BACKTRACE"] = "0"
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
@@ -150,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"source {st.source}")
                 for line in st.lines:
                     print(f"  {line}")
+    except BronzeUnavailableError as e:
+        print(f"changelake-ingest: warehouse unavailable: {e}", file=sys.stderr)
+        return EXIT_TEMPFAIL
     except (RetriesExhaustedError, SourceUnavailableError) as e:
         print(f"changelake-ingest: source unavailable: {e}", file=sys.stderr)
         return EXIT_TEMPFAIL

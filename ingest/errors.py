@@ -37,3 +37,11 @@ class SlotGapError(SourceError):
 
 class BronzeWriteError(IngestError):
     """A Delta commit to bronze failed; the source was not acknowledged past durable data."""
+
+
+class BronzeUnavailableError(BronzeWriteError):
+    """Bronze's storage failed on I/O (disk full, object store unreachable) past the retries (exit code 75).
+
+    Nothing was acknowledged past durable data; the same command later (after space returns)
+    continues where bronze left off.
+    """

@@ -16,9 +16,15 @@ from typing import Any
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, QueryBuilder, Transaction, write_deltalake
-from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+from deltalake.exceptions import (
+    CommitFailedError,
+    DeltaError,
+    DeltaProtocolError,
+    SchemaMismatchError,
+    TableNotFoundError,
+)
 
-from ingest.errors import BronzeWriteError
+from ingest.errors import BronzeUnavailableError, BronzeWriteError
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +32,22 @@ log = logging.getLogger(__name__)
 # a compaction) is retried on the table's new version; each retry first re-checks idempotency.
 COMMIT_ATTEMPTS = 8
 COMMIT_BACKOFF_S = 0.05
+# A write that fails on I/O (disk full, an object store timing out) is retried after 0.5, 1, 2 and
+# 4 s; the app-transaction check before each attempt keeps a retried append exactly once. Past
+# that, BronzeUnavailableError: exit 75, and the service manager starts ingest again later.
+IO_ATTEMPTS = 5
+IO_BACKOFF_S = 0.5
+# How delta-rs and object_store word an I/O failure (DeltaError carries no finer type).
+_IO_MARKERS = ("(os error", "Generic ", "error sending request", "timed out", "Connection", "connection")
+
+
+def transient_io(error: Exception) -> bool:
+    """Whether `error` of a Delta write is an I/O failure that the same write may survive later."""
+    if isinstance(error, OSError):
+        return True
+    if isinstance(error, CommitFailedError | SchemaMismatchError | DeltaProtocolError | TableNotFoundError):
+        return False
+    return isinstance(error, DeltaError) and any(m in str(error) for m in _IO_MARKERS)
 
 
 class DeltaTables:
@@ -108,7 +130,8 @@ class DeltaTables:
         if app_id is not None and version is not None:
             props = CommitProperties(app_transactions=[Transaction(app_id, version)])
         with self.lock(uri):
-            for attempt in range(1, COMMIT_ATTEMPTS + 1):
+            io_failures = 0
+            for attempt in range(1, COMMIT_ATTEMPTS + IO_ATTEMPTS):
                 dt = self._table_for_write(uri)
                 if app_id is not None and version is not None:
                     recorded = dt.transaction_version(app_id)
@@ -119,19 +142,26 @@ class DeltaTables:
                     write_deltalake(dt, data, mode="append", schema_mode="merge", commit_properties=props)
                     return True
                 except CommitFailedError as e:
-                    self._retry_or_raise(uri, attempt, e)
+                    self._retry_or_raise(uri, attempt - io_failures, e)
+                except Exception as e:
+                    io_failures += 1
+                    self._retry_io_or_raise(uri, io_failures, e)
         raise AssertionError("unreachable")
 
     def replace(self, uri: str, data: pa.Table, predicate: str) -> None:
         """Replace the rows matching `predicate` (SQL over the table's columns) by `data`, in one commit."""
         with self.lock(uri):
-            for attempt in range(1, COMMIT_ATTEMPTS + 1):
+            io_failures = 0
+            for attempt in range(1, COMMIT_ATTEMPTS + IO_ATTEMPTS):
                 dt = self._table_for_write(uri)
                 try:
                     write_deltalake(dt, data, mode="overwrite", predicate=predicate, schema_mode="merge")
                     return
                 except CommitFailedError as e:
-                    self._retry_or_raise(uri, attempt, e)
+                    self._retry_or_raise(uri, attempt - io_failures, e)
+                except Exception as e:  # the same rows replace them again: a retry is safe
+                    io_failures += 1
+                    self._retry_io_or_raise(uri, io_failures, e)
 
     def delete(self, uri: str, predicate: str) -> None:
         """Delete the rows matching `predicate`, in one commit."""
@@ -182,3 +212,15 @@ class DeltaTables:
         log.info("commit conflict, retrying uri=%s attempt=%d error=%s", uri, attempt, error)
         self._open.pop(uri, None)  # reload from the log: another process committed meanwhile
         time.sleep(COMMIT_BACKOFF_S * attempt)
+
+    def _retry_io_or_raise(self, uri: str, failures: int, error: Exception) -> None:
+        if not transient_io(error):
+            raise error
+        if failures >= IO_ATTEMPTS:
+            raise BronzeUnavailableError(
+                f"write to {uri} failed {failures} times on I/O, last: {error}; nothing was acknowledged past "
+                "durable data: free space or restore access to the warehouse, and ingest continues where it left off"
+            ) from error
+        log.warning("write failed on I/O, retrying uri=%s attempt=%d error=%s", uri, failures, error)
+        self._open.pop(uri, None)
+        time.sleep(IO_BACKOFF_S * 2 ** (failures - 1))

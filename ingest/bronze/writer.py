@@ -249,6 +249,8 @@ class BronzeWriter(BronzeState):
             self.tables.replace(
                 self.path(STREAM_POSITIONS_TABLE), pa.Table.from_pylist(data, STREAM_POSITIONS_TABLE.schema), cond
             )
+        except BronzeWriteError:
+            raise
         except Exception as e:
             names = ", ".join(p.writer_id for p, _ in rows)
             raise BronzeWriteError(f"raising positions of {source}/{names} failed: {e}") from e

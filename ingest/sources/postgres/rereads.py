@@ -48,8 +48,11 @@ class RereadKeys:
                 self._said_missing = True
             return {}
         # delta-rs's query engine applies consumer_records' deletion vectors; its pyarrow dataset
-        # reader refuses such a table (DeltaProtocolError) rather than return deleted rows. Any
-        # other failure to read it is an error: re-reading the wrong keys is not an option.
+        # reader refuses such a table (DeltaProtocolError) rather than return deleted rows. A table
+        # it cannot read (a dbt-side schema change, a Delta feature delta-rs lacks, storage
+        # failing) skips this round of re-reads with a warning: the keys stay marked in silver and
+        # a later round takes them, while the capture of bronze, which does not depend on silver,
+        # goes on. Re-reading the wrong keys is never an option; re-reading them later is.
         try:
             rows = self.writer.tables.query(
                 "select table_schema, table_name, record_pk, commit_lsn, commit_index from t "
@@ -57,7 +60,13 @@ class RereadKeys:
                 t=self.path,
             ).to_pylist()
         except Exception as e:
-            raise BronzeWriteError(f"cannot read needs_reread keys from {self.path}: {e}") from e
+            log.warning(
+                "source=%s: cannot read needs_reread keys from %s, re-reads skipped this round: %s",
+                self.src.name,
+                self.path,
+                e,
+            )
+            return {}
         by_table: dict[str, list[tuple[str, ...]]] = {}
         for r in rows:
             seen = (r["table_schema"], r["table_name"], r["record_pk"], r["commit_lsn"], r["commit_index"])
