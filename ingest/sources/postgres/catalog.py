@@ -30,9 +30,21 @@ class PgCatalog:
         """The relation's record key, in key order (admin.record_key)."""
         return self.admin.record_key(relation_id)
 
-    def captures(self, schema: str, table: str) -> bool:
-        """Whether `schema.table` is one of the source's configured tables (the publication may hold more)."""
-        return f"{schema}.{table}" in self.tables
+    def captures(self, relation_id: int, schema: str, table: str) -> bool:
+        """Whether changes of `schema.table` are written: the configured tables (the publication may hold more).
+
+        Also the old WAL of a table dropped since (no longer in pg_class), when no table of the
+        source has rules: a configured table that was dropped must leave `tables` (check_tables),
+        and its last changes end in the tombstone check_tables leaves. With rules anywhere it is
+        not: nothing says whether the dropped table was one with rules.
+        """
+        if f"{schema}.{table}" in self.tables:
+            return True
+        if self.masks:
+            return False
+        with self.admin.conn.cursor() as cur:
+            cur.execute("select 1 from pg_class where oid = %s", (relation_id,))
+            return cur.fetchone() is None
 
     def table_mask(self, schema: str, table: str, sent: Sequence[str], key: Sequence[str]) -> TableMask | None:
         """The excluded and masked columns of `schema.table` for changes carrying columns `sent` (None: none).

@@ -73,8 +73,8 @@ class Catalog(Protocol):
 class MaskingCatalog(Protocol):
     """A catalog that also says which tables are captured and which of their columns must never land."""
 
-    def captures(self, schema: str, table: str) -> bool:
-        """Whether the table is one the source is configured to capture."""
+    def captures(self, relation_id: int, schema: str, table: str) -> bool:
+        """Whether the table's changes are written: one the source is configured to capture."""
 
     def table_mask(self, schema: str, table: str, sent: Sequence[str], key: Sequence[str]) -> TableMask | None:
         """The table's excluded and masked columns for changes carrying `sent`, None if it has none.
@@ -217,7 +217,7 @@ class ChangeBuilder:
         self.uncaptured[rel.table] = self.uncaptured.get(rel.table, 0) + 1
 
     def _relation(self, msg: Relation) -> None:
-        if self._rules is not None and not self._rules.captures(msg.namespace, msg.name):
+        if self._rules is not None and not self._rules.captures(msg.relation_id, msg.namespace, msg.name):
             self._uncaptured(msg)
             return
         all_names = tuple(c.name for c in msg.columns)

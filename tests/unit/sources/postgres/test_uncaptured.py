@@ -22,7 +22,7 @@ class ConfiguredCatalog(FixtureCatalog):
         super().__init__()
         self.tables = tables
 
-    def captures(self, schema: str, table: str) -> bool:
+    def captures(self, relation_id: int, schema: str, table: str) -> bool:
         return f"{schema}.{table}" in self.tables
 
     def table_mask(self, schema: str, table: str, sent: Sequence[str], key: Sequence[str]) -> TableMask | None:
