@@ -4,7 +4,9 @@
         consumer_records, one column per listed top-level field, read from the document's
         canonical Extended JSON and cast by mongodb_field_to_spark_type. MongoDB has no schema to
         derive types from, so the model lists its fields: [[name, type], ...]. Bookkeeping columns
-        are prefixed _cl_; _cl_record keeps the whole document.
+        are prefixed _cl_; _cl_record keeps the whole document. Names are written as escaped
+        literals and identifiers (sql_literal, spark_identifier): a quote in a collection or field
+        name, or in a var() that supplies one, cannot end the string.
     -#}
 
 with
@@ -20,9 +22,9 @@ current_documents as (
     select *
     from consumer_records
     where
-        source = '{{ source_name }}'
-        and table_schema = '{{ database }}'
-        and table_name = '{{ collection }}'
+        source = {{ sql_literal(source_name) }}
+        and table_schema = {{ sql_literal(database) }}
+        and table_name = {{ sql_literal(collection) }}
         and not deleted
 
 ),
@@ -31,7 +33,7 @@ final as (
 
     select
         {%- for field in fields %}
-            {{ mongodb_field_to_spark_type('record', field[0], field[1]) }} as `{{ field[0] }}`,
+            {{ mongodb_field_to_spark_type('record', field[0], field[1]) }} as {{ spark_identifier(field[0]) }},
         {%- endfor %}
         record as _cl_record,
         record_pk as _cl_record_pk,
