@@ -174,6 +174,22 @@ class BronzeState:
             return None
         return (int(t[0]["commit_lsn"]), int(t[0]["commit_index"]))
 
+    def transactions(self, source: str, writer_id: str, from_lsn: int, to_lsn: int) -> list[tuple[int, int]]:
+        """(commit_lsn, xid) of this writer's transactions with commit_lsn in [from_lsn, to_lsn], in order.
+
+        A non-transactional logical message is not a transaction (a re-delivery does not begin one
+        for it), and neither is a history-lost tombstone (ingest's own, xid 0, no transaction).
+        """
+        t = self._query(
+            "select commit_lsn, min(xid) as xid from t "
+            f"where source = {sql_str(source)} and writer_id = {sql_str(writer_id)} "
+            f"and commit_lsn >= {int(from_lsn)} and commit_lsn <= {int(to_lsn)} "
+            "and coalesce(message_transactional, true) and xid <> 0 "
+            "group by commit_lsn order by commit_lsn",
+            t=WAL_EVENTS_TABLE,
+        ).to_pylist()
+        return [(int(r["commit_lsn"]), int(r["xid"])) for r in t]
+
     def max_commit_time(self, source: str) -> datetime | None:
         """The newest commit timestamp of `source` in bronze (for status)."""
         t = self._query(

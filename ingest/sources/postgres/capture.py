@@ -28,6 +28,7 @@ from ingest.progress import Progress
 from ingest.sources.postgres.admin import DRAIN_PREFIX, HEARTBEAT_PREFIX, PostgresAdmin, prepare_source
 from ingest.sources.postgres.catalog import PgCatalog
 from ingest.sources.postgres.changes import TABLE_GONE_PREFIX, Catalog, ChangeBuilder, TxnEnd
+from ingest.sources.postgres.history import advance_slot, first_difference, redelivered_transactions
 from ingest.sources.postgres.pages import Hook
 from ingest.sources.postgres.published import publish_again
 from ingest.sources.postgres.replication import Keepalive, ReplicationStream, XLogData
@@ -126,6 +127,10 @@ class PostgresCapture:
                 "replica that was behind, and its new changes would reuse positions bronze has. Capture it as a new "
                 "source (a new `name`: a fresh slot, publication and snapshot), and retire the old source's rows."
             )
+        if h.confirmed_flush_lsn is not None and h.confirmed_flush_lsn <= mine.durable_lsn:
+            if self._same_history(admin, h.confirmed_flush_lsn, mine.durable_lsn):
+                return
+            h = admin.slot_health()  # moved to the server's present: a gap now, recovered below
         if h.confirmed_flush_lsn is None or h.confirmed_flush_lsn <= mine.ack_lsn:
             return
         gap = (
@@ -140,6 +145,35 @@ class PostgresCapture:
             )
         log.warning("%s; tombstoning and re-snapshotting every table", gap)
         self._recover_gap(admin, h.confirmed_flush_lsn)
+
+    def _same_history(self, admin: PostgresAdmin, slot_start: int, durable_lsn: int) -> bool:
+        """Whether the slot re-delivers bronze's transactions from `slot_start` to `durable_lsn` (history.py).
+
+        If not, the server's history is not the one bronze read (restored from a storage snapshot,
+        or failed over to a standby that was behind), and skipping its transactions as re-delivered
+        would lose them: an error, or with `on_history_lost: resnapshot` the slot is moved to the
+        server's present, which the caller then recovers as a gap (returns False). A crash in
+        between leaves just that gap for the next start.
+        """
+        bronze = self.writer.transactions(self.src.name, STREAM_WRITER_ID, slot_start, durable_lsn)
+        diff = first_difference(bronze, redelivered_transactions(self.src, durable_lsn))
+        if diff is None:
+            return True
+        lost = (
+            f"source {self.src.name!r}: slot {self.src.slot_name!r} does not re-deliver what bronze holds from "
+            f"{int_to_lsn(slot_start)} to {int_to_lsn(durable_lsn)} ({diff}): the database was restored from a "
+            "storage snapshot or failed over to a standby that was behind, and its transactions at positions "
+            "bronze already holds would be skipped as re-delivered"
+        )
+        if self.src.on_history_lost != "resnapshot":
+            raise SlotGapError(
+                lost + ". Recover: set `on_history_lost: resnapshot` on the source and run again (it moves the slot "
+                "to the server's current position, tombstones every table there and snapshots them afresh), or "
+                "capture the database as a new source (a new `name`)."
+            )
+        log.warning("%s; moving the slot to the server's current position", lost)
+        advance_slot(self.src)
+        return False
 
     def _recover_gap(self, admin: PostgresAdmin, slot_start: int) -> None:
         """Re-snapshot every table, tombstone them just below the slot's start, move the stream row there.
