@@ -31,8 +31,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 # admin_shutdown, crash_shutdown, cannot_connect_now, too_many_connections, object_in_use (a slot
-# still active for the previous walsender), and every connection_exception (class 08).
-TRANSIENT_SQLSTATES: Final = frozenset({"57P01", "57P02", "57P03", "53300", "55006"})
+# still active for the previous walsender), query_canceled (ingest's own statements are bounded by
+# statement_timeout: a server too busy or blocked to answer one in time), and every
+# connection_exception (class 08).
+TRANSIENT_SQLSTATES: Final = frozenset({"57P01", "57P02", "57P03", "53300", "55006", "57014"})
 TRANSIENT_SQLSTATE_CLASSES: Final = frozenset({"08"})
 # libpq reports a lost or refused connection without a SQLSTATE; these are its words for it.
 TRANSIENT_LIBPQ_MESSAGES: Final = (

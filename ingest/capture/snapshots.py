@@ -13,6 +13,7 @@ from ingest.positions import SnapshotProgress
 log = logging.getLogger(__name__)
 
 SnapshotWork = Callable[[Callable[[], bool]], None]
+STOP_WAIT_S = 30.0  # how long a stopping run waits for the snapshot's current page
 
 
 class SnapshotThread:
@@ -59,9 +60,21 @@ class SnapshotThread:
         self._thread.join()
 
     def stop(self) -> None:
-        """Stop after the current page and wait."""
+        """Stop after the current page; wait for that at most STOP_WAIT_S.
+
+        A page read from a server that stopped answering can block for as long as the connection's
+        TCP timeouts allow (or, for a frozen peer that keeps the connection open, until it answers):
+        a stopping run does not wait for it. The thread is a daemon, and a page not yet committed
+        is read again by the next run.
+        """
         self._halt = True
-        self._thread.join()
+        self._thread.join(STOP_WAIT_S)
+        if self._thread.is_alive():
+            log.warning(
+                "snapshot source=%s did not stop within %.0f s (its server does not answer); not waiting for it",
+                self.source,
+                STOP_WAIT_S,
+            )
 
 
 def cancel_requests(writer: BronzeWriter, source: str, table: str) -> int:

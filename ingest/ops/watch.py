@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 POLL_INTERVAL_S: Final = 5.0  # slot health; Postgres needs no more than a query every few seconds
 POSITIONS_INTERVAL_S: Final = 10.0  # bronze.stream_positions (snapshot progress, position age, safe bound)
 ALERT_REPEAT_S: Final = 300.0  # an alert that holds is logged again this often
+STOP_WAIT_S: Final = 5.0  # how long a stopping run waits for a poll in progress
 
 PositionRows = Sequence[tuple[WriterPosition, datetime]]
 
@@ -83,8 +84,10 @@ class Watcher:
         """Stop polling and close the probe."""
         self._stop.set()
         if self._thread.is_alive():
-            self._thread.join(timeout=30)
-        if self.probe is not None:
+            self._thread.join(timeout=STOP_WAIT_S)
+        if self.probe is not None and not self._thread.is_alive():
+            # A probe still waiting on a server that does not answer is left to the daemon thread:
+            # closing a connection under a running query is not safe.
             self.probe.close()
 
     def _work(self) -> None:

@@ -118,3 +118,72 @@ def test_signal_to_the_group_commits_acks_and_exits_0(sig: signal.Signals, tmp_p
     assert r.returncode == 0, r.stderr[-3000:]
     after = [json.loads(e.record_pk)["id"] for e in bronze_events(tmp_path / "warehouse", s.name)]
     assert after == list(range(1, inserted[0] + 1))
+
+
+def test_a_fast_restart_of_the_source_does_not_wait_for_ingest(tmp_path: Path) -> None:
+    """Regression: `pg_ctl restart -m fast` took ~30 s with ingest attached: a stopping server waits
+    for each logical client to confirm everything it sent, and ingest confirmed only when its own
+    silence timeout fired."""
+    from ingest.config import PostgresSource
+    from tests.helpers.scratch_pg import ScratchCluster
+
+    cluster = ScratchCluster(54372)
+    proc: subprocess.Popen[str] | None = None
+    try:
+        with psycopg.connect(cluster.dsn, autocommit=True) as c:
+            c.execute("create table items (id int primary key)")
+            c.execute("create table other (id int)")  # not captured: WAL the stream passes over
+        src = PostgresSource(kind="postgres", name="restarting", dsn=cluster.dsn, tables=["public.items"])
+        prepare(src)
+        cfg = tmp_path / "ingest.yml"
+        cfg.write_text(
+            yaml.safe_dump(
+                {
+                    "warehouse": str(tmp_path / "warehouse"),
+                    "batch": {"max_seconds": 0.2},
+                    "retry": {"max_delay_seconds": 1},
+                    "sources": [
+                        {"kind": "postgres", "name": src.name, "dsn": cluster.dsn, "tables": src.tables}
+                        | {"snapshot": {"initial": False}}
+                    ],
+                }
+            )
+        )
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ingest", "-c", str(cfg), "run"], cwd=ROOT, stderr=subprocess.PIPE, text=True
+        )
+        with psycopg.connect(cluster.dsn, autocommit=True) as c:
+            c.execute("insert into items values (1)")
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while bronze_count(tmp_path / "warehouse", src.name) < 1:
+            assert proc.poll() is None and time.monotonic() < deadline, "ingest captured nothing"
+            time.sleep(0.2)
+        # Idle, as in a maintenance window: ingest has just confirmed the WAL it passed over.
+        with psycopg.connect(cluster.dsn, autocommit=True) as c:
+            c.execute("insert into other values (1)")
+            target = c.execute("select pg_current_wal_lsn() - '0/0'").fetchone()
+            assert target is not None
+            deadline = time.monotonic() + 30
+            while confirmed_flush(cluster.dsn, src.slot_name) < int(target[0]):
+                assert time.monotonic() < deadline, "ingest did not confirm the idle WAL"
+                time.sleep(0.05)
+        t0 = time.monotonic()
+        cluster.stop()
+        stopped_in = time.monotonic() - t0
+        cluster.start()
+        with psycopg.connect(cluster.dsn, autocommit=True) as c:
+            c.execute("insert into items values (2)")
+        deadline = time.monotonic() + 60
+        while bronze_count(tmp_path / "warehouse", src.name) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, "ingest did not resume"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=EXIT_TIMEOUT_S)
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        cluster.remove()
+    assert stopped_in < 3, f"the fast shutdown took {stopped_in:.1f} s"
+    assert proc.returncode == 0, err[-3000:]
+    ids = [json.loads(e.record_pk)["id"] for e in bronze_events(tmp_path / "warehouse", src.name)]
+    assert ids == [1, 2]

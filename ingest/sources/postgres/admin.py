@@ -20,7 +20,13 @@ from ingest.sources.postgres.published import (
     table_spec,
     wanted_column_list,
 )
-from ingest.sources.postgres.replication import safe_dsn, session_conninfo
+from ingest.sources.postgres.replication import (
+    OWN_STATEMENT_DEADLINE_S,
+    abort_after,
+    application_name,
+    safe_dsn,
+    session_conninfo,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +54,14 @@ class SlotHealth:
 
 
 def connect(src: PostgresSource) -> psycopg.Connection[tuple[object, ...]]:
-    """An autocommit connection with deterministic value output; SourceError if it fails."""
+    """An autocommit connection for ingest's own short statements; SourceError if it fails.
+
+    Deterministic value output, local commits and bounded statements (`session_conninfo`).
+    """
     try:
-        return psycopg.connect(session_conninfo(src.dsn), autocommit=True)
+        return psycopg.connect(
+            session_conninfo(src.dsn, application_name(src.name), own_statements=True), autocommit=True
+        )
     except psycopg.OperationalError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else "connection failed"
         error = SourceUnavailableError if is_transient(e) else SourceError
@@ -402,11 +413,14 @@ class PostgresAdmin:
         reports slot loss with the re-snapshot recovery).
         """
         row = self._one("select current_setting('server_version_num')::int")
+        # Creating a slot waits for every transaction running now to end: not one of the session's short statements.
+        self._one("select set_config('statement_timeout', '0', false)")
         if row is not None and int(str(row[0])) >= FAILOVER_SLOTS_VERSION:
             # (slot_name, plugin, temporary, twophase, failover)
             self._one("select pg_create_logical_replication_slot(%s, 'pgoutput', false, false, true)", (slot,))
         else:
             self._one("select pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        self.conn.execute("reset statement_timeout")
 
     def ensure_slot(self) -> bool:
         """Create the pgoutput slot if missing; True if it was created. Invalidated slot: loud error."""
@@ -482,8 +496,14 @@ class PostgresAdmin:
             return cur.fetchall()
 
     def emit_message(self, prefix: str, content: str) -> int:
-        """Commit a transactional logical message; returns its LSN. Used as heartbeat and drain marker."""
-        row = self._one("select pg_logical_emit_message(true, %s, %s)::text", (prefix, content))
+        """Commit a transactional logical message; returns its LSN. Used as heartbeat and drain marker.
+
+        Bounded (OWN_STATEMENT_DEADLINE_S): a server that does not answer is SourceUnavailableError
+        and leaves this connection unusable, so that the stream's loop is never held by it.
+        """
+        what = f"source {self.src.name!r}: {prefix} message"
+        with abort_after(self.conn.pgconn.socket, OWN_STATEMENT_DEADLINE_S, what):
+            row = self._one("select pg_logical_emit_message(true, %s, %s)::text", (prefix, content))
         assert row is not None
         return lsn_to_int(str(row[0]))
 

@@ -31,7 +31,7 @@ from ingest.sources.postgres.changes import TABLE_GONE_PREFIX, Catalog, ChangeBu
 from ingest.sources.postgres.history import advance_slot, first_difference, redelivered_transactions
 from ingest.sources.postgres.pages import Hook
 from ingest.sources.postgres.published import publish_again
-from ingest.sources.postgres.replication import Keepalive, ReplicationStream, XLogData
+from ingest.sources.postgres.replication import Keepalive, ReplicationStream, XLogData, application_name
 from ingest.sources.postgres.schema_changes import relation_now, resnapshot_reason
 from ingest.sources.postgres.snapshot import Snapshotter, cannot_snapshot
 
@@ -343,7 +343,9 @@ class PostgresCapture:
                 max_batch_bytes=self.batch.max_bytes,
             )
             catalog = PgCatalog(admin)
-            stream = ReplicationStream(self.src.dsn, self.src.slot_name, self.src.publication_name)
+            stream = ReplicationStream(
+                self.src.dsn, self.src.slot_name, self.src.publication_name, app_name=application_name(self.src.name)
+            )
             snapshots: SnapshotThread | None = None
             try:
                 stream.open()
@@ -487,7 +489,9 @@ class PostgresCapture:
                 # committed before it has been sent. (XLogData's wal_end is the server's WAL end: not that.)
                 observed = max(observed, msg.wal_end)
                 if not builder.in_txn and not batcher.has_work and committer.idle:
-                    batcher.observe(observed, now)
+                    # A server that asks for a reply (a shutting-down server waits for every logical
+                    # client to confirm all it sent before it exits) gets the position at once.
+                    batcher.observe(observed, now, force=msg.reply_requested)
                     if batcher.has_work:
                         batcher.submit()
                 if msg.reply_requested:

@@ -8,9 +8,14 @@ updates out. It decodes nothing of pgoutput itself.
 from __future__ import annotations
 
 import ipaddress
+import os
 import select
+import socket
 import struct
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -38,6 +43,25 @@ SESSION_OPTIONS = (
     "-c DateStyle=ISO -c TimeZone=UTC -c IntervalStyle=iso_8601 -c extra_float_digits=3 "
     "-c client_encoding=UTF8 -c bytea_output=hex -c lc_monetary=C"
 )
+# Ingest's own commits (heartbeats, drain and verify markers, snapshot watermarks) are logical
+# messages that only need a WAL position, never a standby's confirmation. Under synchronous
+# replication a commit waits for the sync standbys, and with `synchronous_standby_names = '*'`
+# ingest's own walsender is one: its heartbeat waited on the loop that must acknowledge it, and
+# every application commit waited behind them.
+OWN_COMMITS_OPTIONS = "-c synchronous_commit=local"
+# A peer that stops answering (a dead host, a blackholed path) is noticed by TCP within about
+# half a minute: keepalive probes while idle, and a cap on how long sent data may stay unacknowledged.
+CONNECT_TIMEOUT_S = 10
+KEEPALIVES_IDLE_S = 10
+KEEPALIVES_INTERVAL_S = 5
+KEEPALIVES_COUNT = 3
+TCP_USER_TIMEOUT_MS = 30_000
+# A peer that keeps the connection open but answers nothing (a frozen server, a stalled proxy)
+# passes every TCP check: ingest's own short statements are bounded by the server
+# (statement_timeout) and by ingest itself (`abort_after`), and the stream by its silence check.
+OWN_STATEMENT_TIMEOUT_MS = 15_000
+OWN_STATEMENT_DEADLINE_S = 20.0
+STATUS_SEND_DEADLINE_S = 10.0  # a standby status that cannot be sent within this: the path is stalled
 
 
 class XLogData(NamedTuple):
@@ -87,18 +111,72 @@ def safe_dsn(dsn: str) -> str:
     return make_conninfo(**{k: str(v) for k, v in params.items()})
 
 
-def session_conninfo(dsn: str, **extra: str) -> str:
-    """`dsn` plus the session options that make value output deterministic.
+def session_conninfo(dsn: str, application_name: str, own_statements: bool = False, **extra: str) -> str:
+    """`dsn` plus what every ingest connection needs: deterministic value output, local commits, timeouts.
 
-    A DSN libpq cannot parse is a SourceError that does not quote it (the config check refuses
-    such a DSN first).
+    `application_name` is used unless the DSN names one (the replication connection's is what
+    `pg_stat_replication` shows: keep it out of `synchronous_standby_names`). `own_statements`:
+    the session runs only ingest's own short statements, bounded by OWN_STATEMENT_TIMEOUT_MS. A
+    DSN libpq cannot parse is a SourceError that does not quote it (the config check refuses such
+    a DSN first).
     """
     try:
         params = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError:
         raise SourceError("the source's dsn is not a valid libpq connection string or URI (not shown)") from None
-    opts = f"{params.get('options', '')} {SESSION_OPTIONS}".strip()
-    return make_conninfo(dsn, options=opts, **extra)
+    opts = [str(params.get("options", "")), SESSION_OPTIONS, OWN_COMMITS_OPTIONS]
+    if own_statements:
+        opts.append(f"-c statement_timeout={OWN_STATEMENT_TIMEOUT_MS}")
+    settings = {
+        "connect_timeout": str(CONNECT_TIMEOUT_S),
+        "keepalives": "1",
+        "keepalives_idle": str(KEEPALIVES_IDLE_S),
+        "keepalives_interval": str(KEEPALIVES_INTERVAL_S),
+        "keepalives_count": str(KEEPALIVES_COUNT),
+        "tcp_user_timeout": str(TCP_USER_TIMEOUT_MS),
+        "application_name": application_name,
+    }
+    chosen = {k: v for k, v in settings.items() if k not in params}  # the DSN's own choice wins
+    return make_conninfo(dsn, options=" ".join(o for o in opts if o).strip(), **chosen, **extra)
+
+
+def application_name(source: str) -> str:
+    """The application_name of a source's connections: `changelake_<source>`."""
+    return f"changelake_{source}"
+
+
+@contextmanager
+def abort_after(fileno: int, seconds: float, what: str) -> Iterator[None]:
+    """Run the block; if it takes longer than `seconds`, shut the connection's socket down.
+
+    For a blocking call on a peer that keeps the connection open and answers nothing: libpq then
+    fails at once ("server closed the connection"), and the block's failure becomes
+    SourceUnavailableError saying `what` did not answer (the run reconnects). The connection is
+    unusable afterwards.
+    """
+    fired = threading.Event()
+
+    def fire() -> None:
+        fired.set()
+        try:
+            with socket.socket(fileno=os.dup(fileno)) as sock:
+                sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # closed meanwhile: the call has ended anyway
+
+    timer = threading.Timer(seconds, fire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    except BaseException as e:
+        if fired.is_set():
+            raise SourceUnavailableError(f"{what}: no answer from the server within {seconds:g} s") from e
+        raise
+    finally:
+        timer.cancel()
+    if fired.is_set():
+        raise SourceUnavailableError(f"{what}: no answer from the server within {seconds:g} s")
 
 
 def pin_value_encoding(conn: pq.abc.PGconn, who: str) -> None:
@@ -126,7 +204,7 @@ def connect_value_session(name: str, dsn: str, who: str) -> pq.abc.PGconn:
     unreachable server is SourceUnavailableError when libpq says so, else SourceError; `who` names
     the connection in errors.
     """
-    conn = pq.PGconn.connect(session_conninfo(dsn).encode())
+    conn = pq.PGconn.connect(session_conninfo(dsn, application_name(name)).encode())
     if conn.status != pq.ConnStatus.OK:
         msg = conn.get_error_message().strip()
         conn.finish()
@@ -146,9 +224,14 @@ class ReplicationStream:
     which the slot is invalidated).
     """
 
-    def __init__(self, dsn: str, slot: str, publication: str, start_lsn: int = 0) -> None:
-        """Prepare a stream of `slot` over `publication`, from `start_lsn` (0 = the slot's own)."""
+    def __init__(self, dsn: str, slot: str, publication: str, start_lsn: int = 0, app_name: str = "changelake") -> None:
+        """Prepare a stream of `slot` over `publication`, from `start_lsn` (0 = the slot's own).
+
+        `app_name` is the connection's application_name: the name `pg_stat_replication` and
+        `synchronous_standby_names` know this walsender by.
+        """
         self.dsn = dsn
+        self.app_name = app_name
         self.slot = slot
         self.publication = publication
         self.start_lsn = start_lsn
@@ -157,7 +240,7 @@ class ReplicationStream:
 
     def open(self) -> None:
         """Connect and send START_REPLICATION; SourceError names what the server refused."""
-        conninfo = session_conninfo(self.dsn, replication="database")
+        conninfo = session_conninfo(self.dsn, self.app_name, replication="database")
         conn = pq.PGconn.connect(conninfo.encode())
         if conn.status != pq.ConnStatus.OK:
             msg = conn.get_error_message().strip()
@@ -237,7 +320,16 @@ class ReplicationStream:
         msg = STANDBY_STATUS.pack(MSG_STANDBY_STATUS, flush_lsn, flush_lsn, flush_lsn, now_us, int(reply))
         if conn.put_copy_data(msg) != 1:
             raise SourceUnavailableError(f"sending status to the server failed: {conn.get_error_message().strip()}")
+        self._flush(conn)
+
+    def _flush(self, conn: pq.abc.PGconn) -> None:
+        """Send what libpq has queued; SourceUnavailableError if the connection is gone or stalled."""
+        deadline = time.monotonic() + STATUS_SEND_DEADLINE_S
         while (pending := conn.flush()) == 1:
+            if time.monotonic() > deadline:  # the peer takes nothing: a stalled path, not a slow one
+                raise SourceUnavailableError(
+                    f"sending status to the server failed: nothing was taken for {STATUS_SEND_DEADLINE_S:g} s"
+                )
             select.select([], [conn.socket], [], 1.0)
         if pending == -1:  # the connection is gone: the server never heard this acknowledgement
             raise SourceUnavailableError(f"sending status to the server failed: {conn.get_error_message().strip()}")
