@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import psycopg
+import pyarrow as pa
 import yaml
 from deltalake import DeltaTable, QueryBuilder
 
@@ -71,7 +72,8 @@ def main() -> None:
         conn.execute(f"create table {schema}.wide (id int primary key, v text)")
         for lo in range(1, args.rows + 1, FILL_ROWS_PER_TXN):
             conn.execute(
-                f"insert into {schema}.wide select g, repeat(md5(g::text), %s) from generate_series(%s, %s) g",
+                f"insert into {schema}.wide select g, repeat(md5(g::text), %s) "
+                "from generate_series(%s::int, %s::int) g",
                 (repeats, lo, min(lo + FILL_ROWS_PER_TXN - 1, args.rows)),
             )
         batch: dict[str, float | int] = {"max_seconds": 1}
@@ -93,13 +95,8 @@ def main() -> None:
 
         secs, peak_kib = run_once(cfg)
         table = str(work / "warehouse" / "bronze" / "wal_events")
-        got = (
-            QueryBuilder()
-            .register("t", DeltaTable(table))
-            .execute(f"select count(*) as n from t where source = '{name}' and action = 'update'")
-            .read_all()
-            .to_pylist()[0]["n"]
-        )
+        query = f"select count(*) as n from t where source = '{name}' and action = 'update'"
+        got = pa.table(QueryBuilder().register("t", DeltaTable(table)).execute(query).read_all()).to_pylist()[0]["n"]
         if got != args.rows:
             raise SystemExit(f"bronze holds {got} updates, expected {args.rows}")
         mib = args.rows * args.row_mib

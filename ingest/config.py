@@ -48,7 +48,7 @@ class BatchConfig(_Strict):
     # that a bulk update of wide rows, and its replay after a crash, fits in memory. One event
     # wider than this still goes through, alone. 64 MiB keeps `run --once` over a transaction of
     # 2,000 rows of 1 MB under 600 MiB of peak RSS (BENCHMARKS.md, wide rows).
-    max_bytes: Annotated[int, Field(gt=0)] = 64 * MIB
+    max_bytes: Annotated[int, Field(gt=0)] = 32 * MIB
     # A bronze commit costs tens of milliseconds (delta-rs): a short window keeps freshness
     # (source commit -> bronze) around a second without making many more files than compaction
     # folds away (BENCHMARKS.md, freshness).
