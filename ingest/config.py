@@ -46,7 +46,7 @@ class BatchConfig(_Strict):
     # Wide rows fill memory long before 100k events do (200 rows of 1 MB took 1.2 GB as one
     # batch): a batch also closes at this many bytes of record, old record and message text, so
     # that a bulk update of wide rows, and its replay after a crash, fits in memory. One event
-    # wider than this still goes through, alone. 64 MiB keeps `run --once` over a transaction of
+    # wider than this still goes through, alone. 32 MiB keeps `run --once` over a transaction of
     # 2,000 rows of 1 MB under 600 MiB of peak RSS (BENCHMARKS.md, wide rows).
     max_bytes: Annotated[int, Field(gt=0)] = 32 * MIB
     # A bronze commit costs tens of milliseconds (delta-rs): a short window keeps freshness
