@@ -33,13 +33,13 @@ def test_unset_env_var_names_key_and_variable(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_unknown_key_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SHOP_DSN", "x")
+    monkeypatch.setenv("SHOP_DSN", "host=x")
     with pytest.raises(ConfigError, match=r"sources\.0\.slott: unknown key"):
         parse_config(GOOD + "    slott: s\n")
 
 
 def test_bad_table_name_names_value(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SHOP_DSN", "x")
+    monkeypatch.setenv("SHOP_DSN", "host=x")
     with pytest.raises(ConfigError, match=r"sources\.0\.tables.*'orders' is not schema\.table"):
         parse_config(GOOD.replace("public.orders", "orders"))
 
@@ -57,8 +57,8 @@ def test_dsn_is_never_echoed() -> None:
 
 
 def test_duplicate_source_names(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SHOP_DSN", "x")
-    twice = GOOD + "  - {name: shop, kind: postgres, dsn: y, tables: [a.b]}\n"
+    monkeypatch.setenv("SHOP_DSN", "host=x")
+    twice = GOOD + "  - {name: shop, kind: postgres, dsn: host=y, tables: [a.b]}\n"
     with pytest.raises(ConfigError, match="repeated: shop"):
         parse_config(twice)
 

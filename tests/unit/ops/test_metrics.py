@@ -157,7 +157,7 @@ def test_the_endpoint_serves_the_registry_only() -> None:
 
 
 def test_metrics_and_alerts_config_keys() -> None:
-    base = "sources: [{kind: postgres, name: s, dsn: x, tables: [a.b]}]\n"
+    base = "sources: [{kind: postgres, name: s, dsn: 'host=x', tables: [a.b]}]\n"
     cfg = parse_config(base + "metrics: {port: 9464}\nalerts: {max_lag_bytes: 1000, max_position_age_seconds: 60}\n")
     assert (cfg.metrics.port, cfg.alerts.max_lag_bytes, cfg.alerts.max_position_age_seconds) == (9464, 1000, 60)
     assert (parse_config(base).metrics.port, parse_config(base).alerts.slot_keep_fraction) == (0, 0.8)
