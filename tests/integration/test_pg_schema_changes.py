@@ -243,7 +243,7 @@ def test_a_dropped_table_is_tombstoned_after_its_last_change(warehouse: Path, ma
 def test_add_column_with_a_default_during_a_continuous_run_resnapshots_the_table(
     warehouse: Path, make_source: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """W9 residual: a continuous run met the change only on a row change of that table, or at the next start.
+    """Bug pinned: a continuous run met the change only on a row change of that table, or at the next start.
 
     Only another table changes after the ALTER: no Relation message of the altered table comes.
     """

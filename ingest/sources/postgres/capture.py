@@ -281,7 +281,7 @@ class PostgresCapture:
     def _record_shapes_now(
         self, admin: PostgresAdmin, catalog: Catalog, known: dict[tuple[str, str], RelationShape]
     ) -> list[RelationShape]:
-        """Each captured table's shape as the catalog has it now, where it differs from `known` (W9).
+        """Each captured table's shape as the catalog has it now, where it differs from `known`.
 
         Called at start and every SHAPE_CHECK_INTERVAL_S of a continuous run (with snapshots on).
         An `ADD COLUMN ... DEFAULT` (or a drop or retype) sends nothing until the table's next row
