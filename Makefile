@@ -34,6 +34,8 @@ $(NATIVE_STAMP): $(STAMP) native/Cargo.toml native/Cargo.lock native/pyproject.t
 setup: $(STAMP) $(NATIVE_STAMP)
 	@bash scripts/delta_jars.sh $(PY)
 	@bash scripts/mongo_java_server.sh >/dev/null
+	@# PostgreSQL 13, 14, 16, 17, 18 for the version matrix (tests/integration/test_pg_versions.py), ~20 s once
+	@bash scripts/pg_versions.sh install
 	@# The driver JVM's class archive (scripts/driver_archive.py), ~40 s when missing or stale. Optional: JVMs
 	@# start without it, ~8 s slower, so a failure to build it is reported and does not stop setup.
 	@$(PY) scripts/driver_archive.py || echo "setup: driver class archive not built (optional; see the error above)" >&2

@@ -2,6 +2,8 @@
 # Project-owned PostgreSQL with wal_level=logical: install (Debian packages) if missing, init, start.
 # Idempotent: a second call reuses the running cluster. Prints nothing but errors unless VERBOSE=1.
 # Usage: scripts/pg.sh start|stop|dsn|status
+# CHANGELAKE_PG_BINDIR runs another major's server (scripts/pg_versions.sh bindir MAJOR); psql is
+# always Debian's, which speaks to every major.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STATE_DIR="${CHANGELAKE_STATE:-$PWD/.changelake}"
@@ -20,6 +22,8 @@ find_bindir() {
   return 1
 }
 
+server_bindir() { if [ -n "${CHANGELAKE_PG_BINDIR:-}" ]; then echo "$CHANGELAKE_PG_BINDIR"; else find_bindir; fi; }
+
 install_pg() {
   if find_bindir >/dev/null; then return 0; fi
   echo "pg.sh: installing PostgreSQL from Debian packages (first run only)..." >&2
@@ -37,7 +41,7 @@ as_pg() {
 
 start() {
   install_pg
-  local bin; bin="$(find_bindir)"
+  local bin psql; bin="$(server_bindir)"; psql="$(find_bindir)/psql"
   mkdir -p "$STATE_DIR"
   if [ "$(id -u)" = 0 ]; then chown postgres "$STATE_DIR"; chmod 755 "$STATE_DIR"; fi
   if [ ! -f "$PGDATA_DIR/PG_VERSION" ]; then
@@ -64,16 +68,16 @@ CONF
   else
     as_pg "$bin/pg_ctl" -D "$PGDATA_DIR" -l "$PGDATA_DIR/server.log" -w -t 60 start >/dev/null
   fi
-  if ! "$bin/psql" "postgresql://$PGUSER_NAME@127.0.0.1:$PGPORT/postgres" -tAc \
+  if ! "$psql" "postgresql://$PGUSER_NAME@127.0.0.1:$PGPORT/postgres" -tAc \
       "select 1 from pg_database where datname='changelake'" | grep -q 1; then
-    "$bin/psql" -q "postgresql://$PGUSER_NAME@127.0.0.1:$PGPORT/postgres" -c "create database changelake"
+    "$psql" -q "postgresql://$PGUSER_NAME@127.0.0.1:$PGPORT/postgres" -c "create database changelake"
   fi
 }
 
 case "${1:-start}" in
   start) start; echo "$DSN" ;;
-  stop) bin="$(find_bindir)"; as_pg "$bin/pg_ctl" -D "$PGDATA_DIR" -m fast stop >/dev/null 2>&1 || true ;;
+  stop) bin="$(server_bindir)"; as_pg "$bin/pg_ctl" -D "$PGDATA_DIR" -m fast stop >/dev/null 2>&1 || true ;;
   dsn) echo "$DSN" ;;
-  status) bin="$(find_bindir)"; as_pg "$bin/pg_ctl" -D "$PGDATA_DIR" status ;;
+  status) bin="$(server_bindir)"; as_pg "$bin/pg_ctl" -D "$PGDATA_DIR" status ;;
   *) echo "usage: $0 start|stop|dsn|status" >&2; exit 2 ;;
 esac
