@@ -11,14 +11,30 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def pg_bindir(major: int) -> str:
+    """The bin directory of PostgreSQL `major` (scripts/pg_versions.sh); a clear error when not installed."""
+    out = subprocess.run(
+        ["bash", str(ROOT / "scripts/pg_versions.sh"), "bindir", str(major)], capture_output=True, text=True
+    )
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr.strip())
+    return out.stdout.strip()
+
+
 class ScratchCluster:
     """Owns one cluster in a temporary state directory on its own port; `remove()` deletes it."""
 
-    def __init__(self, port: int) -> None:
-        """Create and start the cluster (initdb on first start, `wal_level = logical`)."""
+    def __init__(self, port: int, major: int | None = None) -> None:
+        """Create and start the cluster (initdb on first start, `wal_level = logical`).
+
+        `major` picks a PostgreSQL major of scripts/pg_versions.sh (its binaries must be installed:
+        `make setup`); None is the Debian one scripts/pg.sh installs.
+        """
         self.state = Path(tempfile.mkdtemp(prefix="changelake-scratch-", dir="/tmp"))
         self.state.chmod(0o755)
         self.env = dict(os.environ, CHANGELAKE_STATE=str(self.state), CHANGELAKE_PG_PORT=str(port))
+        if major is not None:
+            self.env["CHANGELAKE_PG_BINDIR"] = pg_bindir(major)
         self.dsn = self._pg("start").strip().splitlines()[-1]
 
     def _pg(self, command: str) -> str:

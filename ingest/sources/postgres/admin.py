@@ -15,6 +15,7 @@ from ingest.events import lsn_to_int
 from ingest.sources.postgres.changes import TABLE_GONE_PREFIX
 from ingest.sources.postgres.published import (
     supports_column_lists,
+    supports_generated_columns,
     sync_column_lists,
     table_columns,
     table_spec,
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 
 HEARTBEAT_PREFIX = "changelake.heartbeat"
 FAILOVER_SLOTS_VERSION = 170000  # server_version_num of the first release with failover slots
+MIN_SERVER_VERSION = 140000  # the first release whose pgoutput sends logical messages
 DRAIN_PREFIX = "changelake.drain"
 
 
@@ -91,13 +93,24 @@ class PostgresAdmin:
             return cur.fetchone()
 
     def check_server(self) -> None:
-        """wal_level must be logical; the role must be allowed to replicate."""
+        """The server must be 14 or newer, wal_level logical; the role must be allowed to replicate.
+
+        Heartbeats, snapshot watermarks and the `--once` drain marker are logical messages, which
+        pgoutput sends from 14 (its `messages` option): on 13 the stream could not start.
+        """
         row = self._one(
-            "select current_setting('wal_level'), r.rolreplication or r.rolsuper "
+            "select current_setting('wal_level'), r.rolreplication or r.rolsuper, "
+            "current_setting('server_version_num')::int, current_setting('server_version') "
             "from pg_roles r where r.rolname = current_user"
         )
         assert row is not None
-        wal_level, can_replicate = row
+        wal_level, can_replicate, version_num, version = row
+        if int(str(version_num)) < MIN_SERVER_VERSION:
+            raise SourceError(
+                f"source {self.src.name!r}: PostgreSQL {version} is not supported: ingest needs 14 or newer, "
+                "whose pgoutput sends the logical messages it places heartbeats, snapshots and the --once drain "
+                "marker with (docs/postgres.md, Versions)"
+            )
         if wal_level != "logical":
             raise SourceError(
                 f"source {self.src.name!r}: wal_level is {wal_level!r}; logical decoding needs "
@@ -268,10 +281,15 @@ class PostgresAdmin:
                     "is false; create it with CREATE PUBLICATION ... FOR TABLE ... "
                     "WITH (publish_via_partition_root = true)"
                 )
+            # From 18 stored generated columns are published too, so they reach bronze from the
+            # stream and from snapshots alike (published.SENT_COLUMN follows the publication).
+            options = "publish_via_partition_root = true"
+            if supports_generated_columns(self):
+                options += ", publish_generated_columns = stored"
             try:
                 self.conn.execute(
-                    sql.SQL("create publication {} for table {} with (publish_via_partition_root = true)").format(
-                        sql.Identifier(name), sql.SQL(", ").join(tables)
+                    sql.SQL("create publication {} for table {} with ({})").format(
+                        sql.Identifier(name), sql.SQL(", ").join(tables), sql.SQL(options)
                     )
                 )
             except psycopg.errors.InsufficientPrivilege as e:

@@ -10,7 +10,7 @@ from psycopg import sql
 from ingest.errors import SourceError
 from ingest.masking import TableMask
 from ingest.sources.postgres.admin import PostgresAdmin
-from ingest.sources.postgres.published import check_published, table_columns
+from ingest.sources.postgres.published import SENT_COLUMN, check_published, publishes_generated, table_columns
 from ingest.sources.postgres.values import TYPE_CATALOG_SQL, Encoder, TypeCatalog, non_utf8_tolerant
 
 
@@ -112,15 +112,16 @@ class TableShape:
 
 
 def table_shape(admin: PostgresAdmin, table: str) -> TableShape:
-    """Columns as pgoutput sends them (not dropped, not generated, by attnum) and the primary key."""
+    """Columns as pgoutput sends them (not dropped, by attnum; published.SENT_COLUMN) and the primary key."""
     schema, name = table.split(".", 1)
+    generated = publishes_generated(admin)
     with admin.conn.cursor() as cur:
         cur.execute(
             "select a.attname, a.atttypid::bigint, format_type(a.atttypid, a.atttypmod) "
             "from pg_attribute a join pg_class c on c.oid = a.attrelid join pg_namespace n on n.oid = c.relnamespace "
             "where n.nspname = %s and c.relname = %s and a.attnum > 0 and not a.attisdropped "
-            "and a.attgenerated = '' order by a.attnum",
-            (schema, name),
+            f"and {SENT_COLUMN} order by a.attnum",
+            (schema, name, generated),
         )
         cols = cur.fetchall()
         cur.execute(

@@ -31,6 +31,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 COLUMN_LISTS_VERSION = 150000  # server_version_num of the first release with publication column lists
+GENERATED_COLUMNS_VERSION = 180000  # the first release that can publish stored generated columns
+# The columns pgoutput sends, for a query over pg_attribute `a` given publishes_generated() as its
+# parameter: stored generated ones only when the publication publishes them (18+), else never.
+SENT_COLUMN = "(a.attgenerated = '' or (a.attgenerated = 's' and %s))"
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,8 +45,28 @@ class TableColumnsNow:
     identity: frozenset[str]
 
 
+def publishes_generated(admin: PostgresAdmin) -> bool:
+    """Whether the publication sends stored generated columns (`publish_generated_columns`, 18+).
+
+    Before 18 pgoutput never sends a generated column, so snapshots leave them out too: a column
+    that only a snapshot carried would vanish at the row's next change.
+    """
+    if not supports_generated_columns(admin):
+        return False
+    row = admin._one("select pubgencols = 's' from pg_publication where pubname = %s", (admin.src.publication_name,))
+    if row is None:  # not created yet: ingest creates it publishing them (admin.ensure_publication)
+        return admin.src.create_publication
+    return bool(row[0])
+
+
+def supports_generated_columns(admin: PostgresAdmin) -> bool:
+    """Whether the server can publish stored generated columns (Postgres 18+)."""
+    row = admin._one("select current_setting('server_version_num')::int")
+    return row is not None and int(str(row[0])) >= GENERATED_COLUMNS_VERSION
+
+
 def table_columns(admin: PostgresAdmin, table: str) -> TableColumnsNow:
-    """Columns (not dropped, not generated, by attnum) and replica identity columns of `table`."""
+    """Columns as pgoutput sends them (not dropped, by attnum; SENT_COLUMN) and replica identity columns of `table`."""
     schema, name = table.split(".", 1)
     with admin.conn.cursor() as cur:
         cur.execute(
@@ -53,8 +77,8 @@ def table_columns(admin: PostgresAdmin, table: str) -> TableColumnsNow:
             "  and a.attnum = any(i.indkey)) else false end "
             "from pg_attribute a join pg_class c on c.oid = a.attrelid join pg_namespace n on n.oid = c.relnamespace "
             "where n.nspname = %s and c.relname = %s and a.attnum > 0 and not a.attisdropped "
-            "and a.attgenerated = '' order by a.attnum",
-            (schema, name),
+            f"and {SENT_COLUMN} order by a.attnum",
+            (schema, name, publishes_generated(admin)),
         )
         rows = cur.fetchall()
     return TableColumnsNow(tuple(str(r[0]) for r in rows), frozenset(str(r[0]) for r in rows if r[1]))

@@ -19,6 +19,7 @@ from ingest.events import RelationShape
 from ingest.masking import MASKED_JSON_KIND
 from ingest.sources.postgres.admin import PostgresAdmin
 from ingest.sources.postgres.pgoutput import RELATION_COLUMN_KEY_FLAG, Relation, RelationColumn
+from ingest.sources.postgres.published import SENT_COLUMN, publishes_generated
 
 
 def resnapshot_reason(admin: PostgresAdmin, before: RelationShape, after: RelationShape) -> str | None:
@@ -85,12 +86,13 @@ def _newly_ruled(admin: PostgresAdmin, before: RelationShape, after: RelationSha
 def relation_now(admin: PostgresAdmin, table: str) -> Relation | None:
     """The Relation message the stream would get for `table` now (None if the table is gone).
 
-    Columns as pgoutput sends them (not dropped, not generated, by attnum), flagged as its key
+    Columns as pgoutput sends them (not dropped, by attnum; published.SENT_COLUMN), flagged as its key
     flags are: the replica identity's index columns, every column under FULL. Fed to a
     ChangeBuilder it gives the shape a change of the table would record now, exclusions and masks
     applied as the stream applies them.
     """
     schema, name = table.split(".", 1)
+    generated = publishes_generated(admin)
     with admin.conn.cursor() as cur:
         cur.execute(
             "select c.oid::bigint, c.relreplident::text from pg_class c where c.oid = to_regclass(%s)",
@@ -101,9 +103,9 @@ def relation_now(admin: PostgresAdmin, table: str) -> Relation | None:
             return None
         relation_id, identity = int(str(row[0])), str(row[1])
         cur.execute(
-            "select attname, atttypid::bigint, atttypmod from pg_attribute where attrelid = %s and attnum > 0 "
-            "and not attisdropped and attgenerated = '' order by attnum",
-            (relation_id,),
+            "select attname, atttypid::bigint, atttypmod from pg_attribute a where attrelid = %s and attnum > 0 "
+            f"and not attisdropped and {SENT_COLUMN} order by attnum",
+            (relation_id, generated),
         )
         cols = cur.fetchall()
     key = set(admin.record_key(relation_id))
