@@ -20,10 +20,13 @@ from ingest.errors import ConfigError, IngestError
 from ingest.events import WriterPosition
 from ingest.ops import metrics
 from ingest.ops.health import Alert, AlertKind, SourceHealth, report, slot_alerts, writer_alerts
+from ingest.ops.probes import PROBES
 from ingest.ops.watch import SlotReader, Watcher
+from ingest.ops.webhook import WebhookNotifier
 from ingest.sources.base import Source, bronze_status
 
 if TYPE_CHECKING:
+    from ingest.ops.lineage import Lineage
     from ingest.verify import Run
 
 log = logging.getLogger(__name__)
@@ -93,6 +96,24 @@ def _serve_metrics(cfg: Config, port: int | None) -> None:
         raise ConfigError(f"metrics.port {port}: cannot serve metrics on {cfg.metrics.address}: {e.strerror}") from None
 
 
+def _final_positions(writer: BronzeWriter, source: str) -> list[WriterPosition]:
+    """The source's writer positions for its lineage event; none if bronze cannot be read (the run's own error wins)."""
+    try:
+        return [p for p, _ in _positions(writer, source)]
+    except Exception as e:  # delta-rs errors too: a lineage facet must not replace the run's own outcome
+        log.warning("lineage positions unreadable source=%s error=%s: %s", source, type(e).__name__, e)
+        return []
+
+
+def _lineage(cfg: Config) -> Lineage | None:
+    """The OpenLineage emitter of `lineage:` (imported on use: the client is not needed otherwise)."""
+    if cfg.lineage is None:
+        return None
+    from ingest.ops.lineage import Lineage
+
+    return Lineage(cfg.lineage, cfg.warehouse_uri)
+
+
 def _writer(cfg: Config) -> BronzeWriter:
     return BronzeWriter(cfg.warehouse_uri, cfg.storage_options or None)
 
@@ -109,10 +130,11 @@ def run(cfg: Config, once: bool, source: str | None, metrics_port: int | None = 
     stop = _StopFlag()
     max_seconds = cfg.retry.max_seconds or (RUN_ONCE_MAX_SECONDS if once else None)
 
-    def retried(attempt: Callable[[], T], s: Source) -> T:
+    def retried(attempt: Callable[[], T], s: Source, should_stop: Callable[[], bool] = stop) -> T:
         # A source that is down is waited for (ingest/capture/retry.py); a permanent error is not.
-        return retrying(attempt, s.name, stop, max_seconds, cfg.retry.max_delay_seconds)
+        return retrying(attempt, s.name, should_stop, max_seconds, cfg.retry.max_delay_seconds)
 
+    PROBES.liveness_s = cfg.metrics.liveness_seconds
     _serve_metrics(cfg, metrics_port)
     for s in sources:  # fail fast on a misconfigured source before touching bronze
         retried(s.check, s)
@@ -120,13 +142,30 @@ def run(cfg: Config, once: bool, source: str | None, metrics_port: int | None = 
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     lines: list[str] = []
     watched = _writer(cfg)  # the watcher's own table handles: its reads never touch the committer's
-    for s in sources:
-        watcher = Watcher(s.name, cfg.alerts, partial(_positions, watched, s.name), slot_reader(cfg.source(s.name)))
-        watcher.start()
-        try:
-            lines += retried(partial(s.run, cfg.batch, writer, once, stop), s)
-        finally:
-            watcher.stop()
+    lineage = _lineage(cfg)
+    notifier = WebhookNotifier(cfg.alerts.webhook) if cfg.alerts.webhook is not None else None
+    notify = notifier.notify if notifier is not None else None
+    try:
+        for s in sources:
+            probe = slot_reader(cfg.source(s.name))
+            watcher = Watcher(s.name, cfg.alerts, partial(_positions, watched, s.name), probe, notify=notify)
+            watcher.start()
+            beating = PROBES.beating(s.name, stop)  # every stop question the loop asks is a heartbeat
+            run_lineage = lineage.start(cfg.source(s.name)) if lineage is not None else None
+            try:
+                lines += retried(partial(s.run, cfg.batch, writer, once, beating), s, beating)
+            except BaseException as e:
+                if run_lineage is not None:
+                    run_lineage.fail(e, _final_positions(watched, s.name), s.format_position)
+                raise
+            else:
+                if run_lineage is not None:
+                    run_lineage.complete(_final_positions(watched, s.name), s.format_position)
+            finally:
+                watcher.stop()
+    finally:
+        if notifier is not None:
+            notifier.close()
     return lines
 
 

@@ -17,6 +17,7 @@ from ingest.errors import (
     RetriesExhaustedError,
     SourceUnavailableError,
 )
+from ingest.ops import logs
 
 DEFAULT_CONFIG_ENV = "CHANGELAKE_CONFIG"
 DEFAULT_CONFIG = "changelake.yml"
@@ -37,6 +38,11 @@ def _parser() -> argparse.ArgumentParser:
         help=f"YAML config (default: ${DEFAULT_CONFIG_ENV} or {DEFAULT_CONFIG})",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="log progress and decisions (INFO)")
+    p.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        help="text (key=value) or json (one object a line) on stderr (default: log.format, else text)",
+    )
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="stream changes into bronze (continuous, or --once)")
     r.add_argument("--once", action="store_true", help="drain to the source's current position, then exit")
@@ -124,14 +130,13 @@ def main(argv: list[str] | None = None) -> int:
     # on stderr itself, with a Rust backtrace when RUST_BACKTRACE asks for one; the error that
     # follows is ours, one line and an exit code, so the backtrace is only noise.
     os.environ["RUST_BACKTRACE"] = "0"
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
-    )
+    level = logging.INFO if args.verbose else logging.WARNING
+    logs.configure(level, args.log_format or "text")
     from ingest import app
 
     try:
         cfg = load_config(args.config)
+        logs.configure(level, args.log_format or cfg.log.format, logs.secrets_of(cfg))
         if args.command == "run":
             for line in app.run(cfg, once=args.once, source=args.source, metrics_port=args.metrics_port):
                 print(line)

@@ -78,6 +78,60 @@ class MetricsConfig(_Strict):
     # The interface the endpoint listens on. It has no authentication and names sources, slots,
     # tables and positions: loopback unless exposed on purpose (docs/operations.md).
     address: str = "127.0.0.1"
+    # `/healthz` answers 503 once a capture loop has not turned for this long (ingest/ops/probes.py).
+    liveness_seconds: Annotated[float, Field(gt=0)] = 120.0
+
+
+_HTTP_URL = re.compile(r"^https?://[^\s/?#]+[^\s]*$")
+
+
+def _http_url(v: str) -> str:
+    if not _HTTP_URL.match(v):
+        raise ValueError("must be an http:// or https:// URL with a host (not shown: it may hold a token)")
+    return v
+
+
+class WebhookConfig(_Strict):
+    """A Slack-compatible webhook the watcher posts `{"text": ...}` to when an alert starts and ends.
+
+    `url` is a secret (a Slack webhook URL is its own credential): give it as `${ENV}`.
+    `timeout_seconds` bounds one post; `retries` more attempts follow a failed one, then the
+    notice is dropped with a WARNING (the alert still shows in the log, metric and status).
+    """
+
+    url: str
+    timeout_seconds: Annotated[float, Field(gt=0, le=60)] = 5.0
+    retries: Annotated[int, Field(ge=0, le=10)] = 3
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        return _http_url(v)
+
+
+class LogConfig(_Strict):
+    """How ingest logs: `text` (key=value lines) or `json` (one object a line); `--log-format` overrides."""
+
+    format: Literal["text", "json"] = "text"
+
+
+class LineageConfig(_Strict):
+    """OpenLineage run events of `run` (docs/operations.md); absent: none are sent.
+
+    `url`: the OpenLineage HTTP endpoint's base (events go to `<url>/<endpoint>`); `namespace`: the
+    job namespace; `api_key_env`: an environment variable holding a bearer token, if it needs one.
+    """
+
+    url: str
+    endpoint: str = "api/v1/lineage"
+    namespace: str = "changelake"
+    timeout_seconds: Annotated[float, Field(gt=0, le=60)] = 5.0
+    api_key_env: str | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        return _http_url(v)
 
 
 class AlertsConfig(_Strict):
@@ -94,6 +148,7 @@ class AlertsConfig(_Strict):
     max_lag_bytes: Annotated[int, Field(gt=0)] | None = None
     slot_keep_fraction: Annotated[float, Field(gt=0, le=1)] = 0.8
     max_position_age_seconds: Annotated[float, Field(gt=0)] | None = None
+    webhook: WebhookConfig | None = None
 
 
 class SnapshotSettings(_Strict):
@@ -373,6 +428,8 @@ class Config(_Strict):
     retry: RetryConfig = Field(default_factory=RetryConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     alerts: AlertsConfig = Field(default_factory=AlertsConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+    lineage: LineageConfig | None = None
     sources: list[SourceConfig]
 
     @field_validator("sources")
@@ -436,7 +493,7 @@ def _format_validation_error(err: ValidationError) -> str:
         else:
             shown = e.get("input")
             shown_s = "" if isinstance(shown, dict | list) else f" (got {shown!r})"
-            if "dsn" in key or "uri" in key:
+            if "dsn" in key or "uri" in key or "url" in key:
                 shown_s = ""  # never echo a connection string: it may hold a password
             lines.append(f"{key}: {e['msg']}{shown_s}")
     return "invalid config:\n  " + "\n  ".join(lines)

@@ -8,13 +8,18 @@ the retry loop once per failure, and the watcher (ingest/ops/watch.py) every few
 from __future__ import annotations
 
 import logging
+import socket
+import threading
 import time
-from collections.abc import Iterable, Sequence
-from typing import Final
+from collections.abc import Callable, Iterable, Sequence
+from socketserver import ThreadingMixIn
+from typing import Any, Final
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
 from ingest.events import ChangeEvent, SourceKind
+from ingest.ops.probes import PROBES, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -146,10 +151,53 @@ TRANSIENT: Final = "transient"
 PERMANENT: Final = "permanent"
 
 
-def serve(port: int, address: str = "127.0.0.1") -> None:
-    """Serve REGISTRY at http://address:port/metrics from a daemon thread; OSError if the port is taken."""
-    start_http_server(port, addr=address, registry=REGISTRY)
+# The probe paths; every other path serves the metrics, as prometheus-client does.
+PROBE_PATHS: Final[dict[str, Callable[[], Verdict]]] = {
+    "/healthz": PROBES.liveness,
+    "/readyz": PROBES.readiness,
+}
+
+
+def _app() -> Callable[[dict[str, Any], Callable[..., Any]], list[bytes]]:
+    metrics_app = make_wsgi_app(REGISTRY)
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        judge = PROBE_PATHS.get(environ.get("PATH_INFO", ""))
+        if judge is None:
+            out: list[bytes] = metrics_app(environ, start_response)
+            return out
+        verdict = judge()
+        reason = "OK" if verdict.status == 200 else "Service Unavailable"
+        start_response(f"{verdict.status} {reason}", [("Content-Type", "application/json")])
+        return [verdict.encoded()]
+
+    return app
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    """One thread per request, none of them keeping the process alive."""
+
+    daemon_threads = True
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class _Quiet(WSGIRequestHandler):
+    """No access log: a scrape every few seconds would drown the log."""
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class names it
+        """Log nothing."""
+
+
+def serve(port: int, address: str = "127.0.0.1") -> WSGIServer:
+    """Serve /metrics, /healthz and /readyz at http://address:port from a daemon thread; OSError if taken."""
+    server_class = _Server6 if ":" in address else _Server
+    httpd = make_server(address, port, _app(), server_class, handler_class=_Quiet)
+    threading.Thread(target=httpd.serve_forever, name="metrics-http", daemon=True).start()
     log.info("metrics serving address=%s port=%d", address, port)
+    return httpd
 
 
 class WriterMetrics:

@@ -19,6 +19,7 @@ from ingest.errors import IngestError
 from ingest.events import WriterKind, WriterPosition
 from ingest.ops import metrics
 from ingest.ops.health import Alert, AlertKind, SlotState, slot_alerts, writer_alerts
+from ingest.ops.probes import PROBES
 from ingest.positions import SnapshotProgress, safe_bound
 
 log = logging.getLogger(__name__)
@@ -29,6 +30,8 @@ ALERT_REPEAT_S: Final = 300.0  # an alert that holds is logged again this often
 STOP_WAIT_S: Final = 5.0  # how long a stopping run waits for a poll in progress
 
 PositionRows = Sequence[tuple[WriterPosition, datetime]]
+# Told of each alert transition: (source, alert, started); alerts.webhook posts it.
+Notify = Callable[[str, Alert, bool], None]
 
 
 class SlotReader(Protocol):
@@ -58,8 +61,13 @@ class Watcher:
         probe: SlotReader | None = None,
         interval_s: float = POLL_INTERVAL_S,
         positions_interval_s: float = POSITIONS_INTERVAL_S,
+        notify: Notify | None = None,
     ) -> None:
-        """Watch `source`; `positions` reads its writer rows from bronze (empty before bronze exists)."""
+        """Watch `source`; `positions` reads its writer rows from bronze (empty before bronze exists).
+
+        `notify` hears when each alert starts and ends (once per transition, not per poll).
+        """
+        self.notify = notify
         self.source = source
         self.cfg = alerts
         self.positions = positions
@@ -70,13 +78,15 @@ class Watcher:
         self._writer_alerts: list[Alert] = []
         self._last_positions = -float("inf")
         self._logged: dict[tuple[AlertKind, str | None], float] = {}
+        self._started: dict[tuple[AlertKind, str | None], Alert] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._work, name=f"watch-{source}", daemon=True)
         for kind in AlertKind:
             metrics.ALERT_ACTIVE.labels(source, kind.value).set(0)
 
     def start(self) -> Watcher:
-        """Start polling (the first poll is at once)."""
+        """Start polling (the first poll is at once); `/readyz` waits for its first verdict."""
+        PROBES.watching(self.source)
         self._thread.start()
         return self
 
@@ -89,6 +99,7 @@ class Watcher:
             # A probe still waiting on a server that does not answer is left to the daemon thread:
             # closing a connection under a running query is not safe.
             self.probe.close()
+        PROBES.forget(self.source)
 
     def _work(self) -> None:
         while True:
@@ -166,4 +177,17 @@ class Watcher:
         for key in [k for k in self._logged if k not in active]:
             log.info("alert cleared source=%s alert=%s", self.source, key[0].value)
             del self._logged[key]
+        self._tell(active)
         self.alerts = found
+        PROBES.judged(self.source, found)
+
+    def _tell(self, active: dict[tuple[AlertKind, str | None], Alert]) -> None:
+        """Notify each alert that started and each that ended since the last poll."""
+        if self.notify is None:
+            return
+        for key, a in active.items():
+            if key not in self._started:
+                self._started[key] = a
+                self.notify(self.source, a, True)
+        for key in [k for k in self._started if k not in active]:
+            self.notify(self.source, self._started.pop(key), False)
