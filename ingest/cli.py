@@ -166,19 +166,19 @@ def main(argv: list[str] | None = None) -> int:
                 for line in st.lines:
                     print(f"  {line}")
     except BronzeUnavailableError as e:
-        print(f"changelake-ingest: warehouse unavailable: {e}", file=sys.stderr)
+        print(f"changelake-ingest: warehouse unavailable: {logs.redact(str(e))}", file=sys.stderr)
         return EXIT_TEMPFAIL
     except (RetriesExhaustedError, SourceUnavailableError) as e:
-        print(f"changelake-ingest: source unavailable: {e}", file=sys.stderr)
+        print(f"changelake-ingest: source unavailable: {logs.redact(str(e))}", file=sys.stderr)
         return EXIT_TEMPFAIL
     except IngestError as e:
-        print(f"changelake-ingest: error: {e}", file=sys.stderr)
+        print(f"changelake-ingest: error: {logs.redact(str(e))}", file=sys.stderr)
         return EXIT_USER_ERROR
     except Exception as e:  # a bug or a fault we do not classify yet: one line, the traceback in the log
         log.log(logging.INFO if args.verbose else logging.DEBUG, "internal error", exc_info=True)
         print(
-            f"changelake-ingest: internal error: {type(e).__name__}: {e} - nothing past durable data was "
-            "acknowledged; run again with -v for the traceback and please report it",
+            f"changelake-ingest: internal error: {type(e).__name__}: {logs.redact(str(e))} - nothing past durable "
+            "data was acknowledged; run again with -v for the traceback and please report it",
             file=sys.stderr,
         )
         return EXIT_INTERNAL_ERROR

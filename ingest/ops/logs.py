@@ -121,12 +121,22 @@ def _uri_password(uri: str) -> list[str]:
     return [password, unquote(password)] if password else []
 
 
+_masking: _Redacting = _Redacting()  # the secrets of the last `configure`, for `redact`
+
+
+def redact(text: str) -> str:
+    """`text` masked as the log is: for what the CLI prints on stderr outside the log (its error line)."""
+    return _masking.redact(text)
+
+
 def configure(level: int, fmt: LogFormat = "text", secrets: Iterable[str] = ()) -> None:
     """Log records at `level` and above to stderr in `fmt`, masking `secrets`.
 
     Called again (after the config is read) it replaces its own handler; like logging.basicConfig
     it leaves a root logger that someone else configured (pytest's capture) alone.
     """
+    global _masking
+    _masking = _Redacting(secrets)
     root = logging.getLogger()
     ours = [h for h in root.handlers if h.get_name() == _HANDLER_NAME]
     if root.handlers and not ours:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ingest.config import parse_config
-from ingest.ops.logs import JsonFormatter, TextFormatter, secrets_of
+from ingest.ops.logs import JsonFormatter, TextFormatter, configure, redact, secrets_of
 
 ROOT = Path(__file__).resolve().parents[3]
 PASSWORD = "Pa55-w0rd-xyz"
@@ -60,6 +60,17 @@ def test_the_config_names_its_secrets() -> None:
     assert set(secrets_of(cfg)) == {PASSWORD, "p%40ss", "p@ss", "m0ngo-pw", "https://hooks.example/T/B/tok"}
     with pytest.raises(Exception, match=r"log\.format"):
         parse_config("sources: [{kind: postgres, name: s, dsn: 'host=x', tables: [a.b]}]\nlog: {format: xml}\n")
+
+
+def test_the_cli_error_line_is_masked_with_the_configured_secrets() -> None:
+    """The one-line verdict on stderr is printed, not logged: it is masked by the same rules."""
+    configure(logging.WARNING, "text", ["s3cr3t-hook"])
+    try:
+        assert redact("post to https://h/s3cr3t-hook failed; dsn password=pw1 host=h") == (
+            "post to https://h/*** failed; dsn password=*** host=h"
+        )
+    finally:
+        configure(logging.WARNING, "text")
 
 
 def closed_port() -> int:
