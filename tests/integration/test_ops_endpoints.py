@@ -60,7 +60,8 @@ def test_probes_webhook_and_lineage_of_a_running_stream(tmp_path: Path, make_sou
             _, body = probe(port, "/readyz")
             assert body["sources"][s.name]["state"] == "stale"
             assert any("writer_stale" in r for r in body["reasons"]), body
-            assert probe(port, "/healthz")[0] == 200  # stale positions, but the loop still turns
+            status, live = probe(port, "/healthz")  # stale positions, but the loop still turns:
+            assert status == 200 and live["sources"][s.name] < 5, live  # its beat is recent, 10+ s into the run
             endpoint.wait(lambda: len(endpoint.bodies(HOOK)) == 1)
         finally:
             rc, err = stop(proc)
