@@ -1,8 +1,9 @@
 """Liveness and readiness of a running ingest, for `/healthz` and `/readyz` on the metrics endpoint.
 
-Liveness: each source's capture loop beats (every turn of its loop, and every slice of a retry
-backoff, asks whether to stop: that question is the beat). A beat older than the liveness
-threshold means the loop is stuck (a hung commit, a deadlock): a supervisor should restart it.
+Liveness: each source's capture loop beats (every turn of its stream loop, and every slice of a
+retry backoff, asks whether to stop: that question, asked from the run's thread, is the beat). A
+beat older than the liveness threshold means the loop is stuck (a deadlock, or waiting on a commit
+queue behind a hung bronze commit): a supervisor should restart it.
 
 Readiness: the watcher's latest verdict (ingest/ops/health.py rules). A source that is
 unreachable, whose slot is lost or missing, or whose writer position is stale is not ready;
@@ -79,11 +80,17 @@ class Probes:
             self._watched.discard(source)
 
     def beating(self, source: str, should_stop: Callable[[], bool]) -> Callable[[], bool]:
-        """`should_stop`, each call of which is a beat of `source` (the first beat is now)."""
+        """`should_stop`, each call of which from this thread is a beat of `source` (the first beat is now).
+
+        Only the calling thread beats: the stream loop runs in it, while a snapshot thread asks the
+        same question and would keep a stuck stream looking alive.
+        """
         self.beat(source)
+        owner = threading.get_ident()
 
         def asked() -> bool:
-            self.beat(source)
+            if threading.get_ident() == owner:
+                self.beat(source)
             return should_stop()
 
         return asked

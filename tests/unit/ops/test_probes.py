@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -35,6 +36,9 @@ def test_liveness_fails_once_a_loop_stops_beating_and_recovers_when_it_turns() -
     assert stop_flag() is False  # the wrapped question still answers as the run's stop flag
     p.beat("b")
     clock.now += 61
+    other = threading.Thread(target=stop_flag)  # a snapshot thread asking the same question
+    other.start()
+    other.join()
     p.beat("b")
     verdict = p.liveness()
     assert verdict.status == 503
