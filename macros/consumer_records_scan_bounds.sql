@@ -15,9 +15,21 @@
           alias snapshot_rows_placed keeping the rows at or above the stored max commit_lsn of a
           source with stored rows / the rows of every other source;
         - touched_partitions: the (source, table_schema, table_name) the run changes: tables of new
-          events, truncated tables, tables of new snapshot rows.
+          events, truncated tables, tables of new snapshot rows; with moves_toast, whether a new
+          event of that table changed a primary key and left TOAST columns unchanged.
+        and always:
+        - moves_toast: false when the run's new events hold no primary-key change that left TOAST
+          columns unchanged, so the model can leave macro moved_toast_values' CTEs out of its plan
+          (they are the largest part of it, and Spark plans them even when they find nothing);
+          true when there is one, or when it cannot be known (parse time, unit tests).
         The model's joins still decide exactly; the literals only prune.
     -#}
+    {%- set moves_toast_condition -%}
+        action = 'update'
+        and old_record_pk is not null
+        and old_record_pk != record_pk
+        and size(unchanged_toast) > 0
+    {%- endset -%}
     {%- set own_positions_query -%}
         -- Every applied event left its seq on some row, so events up to the source's max seq here
         -- are folded in; likewise the placed snapshot rows up to its max commit_lsn.
@@ -29,11 +41,21 @@
         group by source
     {%- endset -%}
     {%- set stored_positions_query = own_positions_query if stored_positions_query is none else stored_positions_query -%}
-    {%- set bounds = {'stored_positions_query': stored_positions_query, 'stored_rows': none} -%}
+    {%- set bounds = {'stored_positions_query': stored_positions_query, 'stored_rows': none, 'moves_toast': true} -%}
     {#- A model skipped because nothing is new runs no lookup either (changelake_skip_reason). -#}
-    {%- set stored_rows = query_rows_at_execution(stored_positions_query)
-        if is_incremental() and changelake_skip_reason() is none else none -%}
+    {%- if is_incremental() and changelake_skip_reason() is not none -%}
+        {{ return(bounds) }}
+    {%- endif -%}
+    {%- set stored_rows = query_rows_at_execution(stored_positions_query) if is_incremental() else none -%}
     {%- if stored_rows is none -%}
+        {#- A full build reads every event: one look for a key change with unchanged TOAST, when
+            the model is about to run (`dbt compile` or `dbt show` may come before sequin_events
+            exists). -#}
+        {%- set moves_toast_rows = none if flags.WHICH not in ['run', 'build', 'retry'] else query_rows_at_execution(
+            'select 1 as found from ' ~ ref('sequin_events') ~ ' where ' ~ moves_toast_condition ~ ' limit 1') -%}
+        {%- if moves_toast_rows is not none -%}
+            {%- do bounds.update({'moves_toast': moves_toast_rows | length > 0}) -%}
+        {%- endif -%}
         {{ return(bounds) }}
     {%- endif -%}
 
@@ -59,11 +81,15 @@
         'snapshot_rows_placed', ['source'], stored_rows) -%}
     {%- set touched_partitions_query -%}
         with new_events as (
-            select source, table_schema, table_name, action, truncated_tables
+            select
+                source, table_schema, table_name, action, truncated_tables,
+                coalesce({{ moves_toast_condition }}, false) as moves_toast
             from {{ ref('sequin_events') }} as sequin_events
             where {{ stored_sources_events_filter }}
             union all
-            select source, table_schema, table_name, action, truncated_tables
+            select
+                source, table_schema, table_name, action, truncated_tables,
+                coalesce({{ moves_toast_condition }}, false) as moves_toast
             from {{ ref('sequin_events') }} as sequin_events
             where {{ other_sources_events_filter }}
         ),
@@ -75,27 +101,38 @@
             select source, table_schema, table_name, is_superseded
             from {{ ref('snapshot_rows_placed') }} as snapshot_rows_placed
             where {{ other_sources_snapshot_rows_filter }}
+        ),
+        touched as (
+            select new_events.source, new_events.table_schema, new_events.table_name, new_events.moves_toast
+            from new_events
+            where new_events.action != 'truncate'
+            union all
+            select new_events.source, {{ truncated_table_parts('truncated.truncated_table') }}, false as moves_toast
+            from new_events
+                lateral view explode(new_events.truncated_tables) truncated as truncated_table
+            where new_events.action = 'truncate'
+            union all
+            select
+                new_snapshot_rows.source,
+                new_snapshot_rows.table_schema,
+                new_snapshot_rows.table_name,
+                false as moves_toast
+            from new_snapshot_rows
+            where not new_snapshot_rows.is_superseded
         )
-        select new_events.source, new_events.table_schema, new_events.table_name
-        from new_events
-        where new_events.action != 'truncate'
-        union
-        select new_events.source, {{ truncated_table_parts('truncated.truncated_table') }}
-        from new_events
-            lateral view explode(new_events.truncated_tables) truncated as truncated_table
-        where new_events.action = 'truncate'
-        union
-        select new_snapshot_rows.source, new_snapshot_rows.table_schema, new_snapshot_rows.table_name
-        from new_snapshot_rows
-        where not new_snapshot_rows.is_superseded
+        select source, table_schema, table_name, bool_or(moves_toast) as moves_toast
+        from touched
+        group by source, table_schema, table_name
     {%- endset -%}
+    {%- set touched_partitions = query_rows_at_execution(touched_partitions_query) -%}
     {%- do bounds.update({
         'stored_rows': stored_rows,
         'stored_sources_events_filter': stored_sources_events_filter,
         'other_sources_events_filter': other_sources_events_filter,
         'stored_sources_snapshot_rows_filter': stored_sources_snapshot_rows_filter,
         'other_sources_snapshot_rows_filter': other_sources_snapshot_rows_filter,
-        'touched_partitions': query_rows_at_execution(touched_partitions_query),
+        'touched_partitions': touched_partitions,
+        'moves_toast': touched_partitions | selectattr('moves_toast') | list | length > 0,
     }) -%}
     {{ return(bounds) }}
 {% endmacro %}

@@ -1,4 +1,4 @@
-{% macro moved_toast_values(events, snapshot_rows, stored_records=none, hops=4) %}
+{% macro moved_toast_values(events, snapshot_rows, stored_records=none, hops=4, needed=true) %}
 {#-
     CTEs ending in `moved_toast_values`: for each update of `events` (sequin_events rows) that
     changed the primary key and left TOAST columns unchanged that its old tuple lacks (the default
@@ -15,7 +15,26 @@
     the fold flags the record needs_reread.
     Each round joins the first round's rows, not the previous round's twice: Spark inlines CTEs,
     so pointer jumping (a self-join per round) would plan 2^hops copies of the batch's scans.
+    With needed false (the caller knows the batch holds no such update: macro
+    consumer_records_scan_bounds, moves_toast), moved_toast_values is an empty relation of the
+    same columns and no other CTE is planned.
 -#}
+{%- if not needed %}
+moved_toast_values as (
+
+    select
+        source,
+        table_schema,
+        table_name,
+        record_pk,
+        commit_lsn,
+        commit_index,
+        old_record
+    from {{ events }}
+    where false
+
+)
+{%- else %}
 {%- set map_type = "'map<string, variant>'" -%}
 {%- set column_value = "from_json(earlier.record, " ~ map_type ~ ")[moved_toast_columns.column_name]" -%}
 {%- set old_value = "from_json(earlier.old_record, " ~ map_type ~ ")[moved_toast_columns.column_name]" -%}
@@ -230,4 +249,5 @@ moved_toast_values as (
     from moved_toast_found
 
 )
+{%- endif %}
 {%- endmacro %}

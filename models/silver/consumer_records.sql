@@ -131,7 +131,7 @@ event_key_changes as (
 ),
 
 {{ moved_toast_values(
-    'new_events', 'new_snapshot_rows', 'current_records' if is_incremental() else none
+    'new_events', 'new_snapshot_rows', 'current_records' if is_incremental() else none, needed=bounds.moves_toast
 ) }},
 
 row_changes as (

@@ -36,6 +36,16 @@ def one_round(warehouse: Path, s: Any) -> None:
     dbt(warehouse, "build", *NO_UNIT_TESTS)
 
 
+def folds_moved_toast(warehouse: Path) -> bool:
+    """Whether the last run of consumer_records planned the CTEs completing moved TOAST values.
+
+    They are planned only when the run's batch holds a key change with unchanged TOAST columns
+    (macro consumer_records_scan_bounds, moves_toast): they are most of the fold's plan.
+    """
+    compiled = warehouse.parent / "dbt-target" / "compiled" / "changelake" / "models" / "silver"
+    return "moved_toast_sources" in (compiled / "consumer_records.sql").read_text()
+
+
 def assert_silver_is_the_source(warehouse: Path, s: Any) -> None:
     records = [r for r in silver(warehouse, "consumer_records") if r.source == s.name]
     assert [r.record_pk for r in records if r.needs_reread] == []
@@ -72,6 +82,7 @@ def test_key_change_with_unchanged_toast_is_complete_after_one_round(warehouse: 
     moved = [e for e in bronze_events(warehouse, s.name) if e.old_record_pk]
     assert len(moved) == 6 and all(list(e.unchanged_toast) == ["body"] for e in moved)
     assert_silver_is_the_source(warehouse, s)
+    assert folds_moved_toast(warehouse)
 
     # The next round: the old keys' values are in silver's stored rows, not in the batch.
     s.execute("update docs set id = 301 where id = 101")
@@ -80,3 +91,4 @@ def test_key_change_with_unchanged_toast_is_complete_after_one_round(warehouse: 
     s.execute("update docs_full set id = 102 where id = 2")
     one_round(warehouse, s)
     assert_silver_is_the_source(warehouse, s)
+    assert folds_moved_toast(warehouse)
