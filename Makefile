@@ -14,7 +14,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export DBT_PROFILES_DIR ?= $(CURDIR)
 
 .PHONY: setup pg demo test test-fast test-unit test-integration test-cluster lint bench clean pg-stop \
-	cluster-up cluster-down cluster-status
+	cluster-up cluster-down cluster-status engine-up engine-down
 
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -80,6 +80,14 @@ cluster-up: setup
 	@bash scripts/cluster.sh env
 
 cluster-down:
+	@bash scripts/cluster.sh down
+
+# The warm engine: a Spark Thrift server on local[2] for dbt's `engine` target (docs/dbt.md, "A
+# warm engine"); ops/scheduled_job.sh uses it while it runs. Stopped by `make engine-down`.
+engine-up: setup
+	@CHANGELAKE_SPARK_LOCAL=1 bash scripts/cluster.sh up
+
+engine-down:
 	@bash scripts/cluster.sh down
 
 cluster-status:

@@ -13,13 +13,17 @@
 # state is in <warehouse>/_scheduled_job (a local warehouse only; on an object store dbt always
 # runs and finds out itself, in seconds, that nothing is new). CHANGELAKE_DBT_ALWAYS=1 runs dbt
 # anyway; CHANGELAKE_DBT_ARGS replaces `build --exclude-resource-type unit_test` (unit tests are
-# for CI, data tests check this round's rows: docs/dbt.md).
+# for CI, data tests check this round's rows: docs/dbt.md). dbt runs through ops/dbt_quiet.sh: no JVM or
+# Spark start-up lines in the job's log, errors as dbt prints them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PATH="$PWD/.venv/bin:$PATH"
 
 ingest_rc=0
-changelake-ingest run --once || ingest_rc=$?
+# CHANGELAKE_JOB_INGEST=0: dbt only (ops/continuous.sh, whose ingest runs continuously beside it);
+# a round with nothing to build then exits 3 instead of 0.
+nothing_rc=0
+if [ "${CHANGELAKE_JOB_INGEST:-1}" != 0 ]; then changelake-ingest run --once || ingest_rc=$?; else nothing_rc=3; fi
 case "$ingest_rc" in
   0) ;;
   75) echo "scheduled_job: a source is unreachable; building what bronze already holds" >&2 ;;
@@ -28,27 +32,36 @@ esac
 
 warehouse="${CHANGELAKE_WAREHOUSE:-$PWD/warehouse}"
 if [ ! -d "$warehouse/bronze/wal_events/_delta_log" ]; then
-  echo "scheduled_job: no bronze yet at $warehouse (ingest has never reached a source): nothing to build" >&2
-  exit "$ingest_rc"
+  [ "$nothing_rc" = 0 ] && echo "scheduled_job: no bronze yet at $warehouse (ingest has never reached a source): nothing to build" >&2
+  [ "$ingest_rc" -ne 0 ] && exit "$ingest_rc"
+  exit "$nothing_rc"
 fi
 # Skip dbt when ingest committed nothing silver would load since the last successful build: only
 # logical messages (the drain marker of `run --once`, heartbeats) and raised positions.
 state_dir="$warehouse/_scheduled_job"
-project="$(cat dbt_project.yml profiles.yml $(find models macros tests/dbt -type f | sort) | sha256sum) ${DBT_TARGET:-local} ${CHANGELAKE_DBT_ARGS:-}"
+project="$(cat dbt_project.yml profiles.yml $(find models macros tests/dbt -type f | sort) | sha256sum) ${DBT_TARGET:-} ${CHANGELAKE_DBT_ARGS:-}"
 versions="$(python -m ingest.ops.bronze_news versions "$warehouse/bronze")" || exit 1
 if [ "${CHANGELAKE_DBT_ALWAYS:-0}" != 1 ] && [ -f "$state_dir/built_project" ] \
   && [ "$(cat "$state_dir/built_project")" = "$project" ]; then
   news_rc=0
   why="$(python -m ingest.ops.bronze_news news "$warehouse/bronze" "$state_dir/built_from")" || news_rc=$?
   case "$news_rc" in
-    3) echo "scheduled_job: ingest committed nothing new for silver since the last dbt build; dbt skipped" >&2
-       exit "$ingest_rc" ;;
+    3) [ "$nothing_rc" = 0 ] && echo "scheduled_job: ingest committed nothing new for silver since the last dbt build; dbt skipped" >&2
+       [ "$ingest_rc" -ne 0 ] && exit "$ingest_rc"
+       exit "$nothing_rc" ;;
     0) echo "scheduled_job: $why; running dbt" >&2 ;;
     *) exit 1 ;;
   esac
 fi
+# The warm engine when one serves this warehouse (`make engine-up`): dbt connects to it instead of
+# starting a JVM and booting the metastore for the round. DBT_TARGET chooses explicitly.
+target="${DBT_TARGET:-}"
+if [ -z "$target" ]; then
+  target=local
+  if CHANGELAKE_WAREHOUSE="$warehouse" bash scripts/cluster.sh serves 2>/dev/null; then target=engine; fi
+fi
 # shellcheck disable=SC2086  # CHANGELAKE_DBT_ARGS is a list of arguments
-dbt ${CHANGELAKE_DBT_ARGS:-build --exclude-resource-type unit_test} --target "${DBT_TARGET:-local}" || exit $?
+ops/dbt_quiet.sh ${CHANGELAKE_DBT_ARGS:-build --exclude-resource-type unit_test} --target "$target" || exit $?
 mkdir -p "$state_dir" && printf '%s\n' "$versions" > "$state_dir/built_from" \
   && printf '%s\n' "$project" > "$state_dir/built_project"
 exit "$ingest_rc"

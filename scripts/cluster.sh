@@ -8,8 +8,14 @@
 # (its whole process group, so the worker's executors go with it). Idempotent: `up` reuses what
 # runs; `down` on a stopped cluster does nothing.
 #
-# Usage: scripts/cluster.sh up|down|status|env
-#   env prints the settings a client needs (CHANGELAKE_SPARK_MASTER, CHANGELAKE_THRIFT_PORT, ...).
+# Usage: scripts/cluster.sh up|down|status|env|serves
+#   env prints the settings a client needs (CHANGELAKE_SPARK_MASTER, CHANGELAKE_THRIFT_PORT, ...);
+#   serves exits 0 when a Thrift server runs for CHANGELAKE_WAREHOUSE (ops/scheduled_job.sh asks).
+#
+# CHANGELAKE_SPARK_LOCAL=1 starts the warm engine instead: the Thrift server alone, on a local[N]
+# Spark in its own JVM (no master, no worker), which `make demo` and ops/scheduled_job.sh use so
+# that dbt pays neither a JVM start nor a metastore boot per invocation (docs/dbt.md, "A warm
+# engine"). Same ports, PIDs and logs; `down` and `status` serve both.
 #
 # Settings (environment; defaults in brackets):
 #   CHANGELAKE_STATE [./.changelake]        PIDs and logs go to $CHANGELAKE_STATE/cluster
@@ -47,6 +53,9 @@ WORKER_MEMORY="${CHANGELAKE_WORKER_MEMORY:-2g}"
 EXECUTOR_MEMORY="${CHANGELAKE_EXECUTOR_MEMORY:-768m}"
 APP_CORES="${CHANGELAKE_APP_CORES:-1}"
 THRIFT_DRIVER_MEMORY="${CHANGELAKE_THRIFT_DRIVER_MEMORY:-1g}"
+LOCAL="${CHANGELAKE_SPARK_LOCAL:-0}"
+LOCAL_CORES="${CHANGELAKE_LOCAL_CORES:-2}"
+LOCAL_MEMORY="${CHANGELAKE_LOCAL_MEMORY:-2g}"
 MASTER_URL="spark://$HOST:$MASTER_PORT"
 MASTER_UI="http://$HOST:$MASTER_UI_PORT"
 # Seconds to wait for each daemon to be ready (a cold JVM on a busy 2-core machine is slow).
@@ -82,7 +91,15 @@ start_daemon() {  # name, command...: start in a new session, record the PID
   # setsid and env exec (setsid does not fork: a background child of a script is not a group
   # leader), and spark-class and spark-submit exec java, so $! is the JVM's PID and the leader of
   # its own process group.
-  setsid "$@" >"$STATE/$name.log" 2>&1 </dev/null &
+  # Descriptors the caller holds open beyond stdio (a `flock` lock, a pipe) are closed first: a
+  # daemon that kept them would hold the caller's lock, or its pipe, for as long as it runs.
+  (
+    for fd in /proc/$BASHPID/fd/*; do
+      fd="${fd##*/}"
+      if [ "$fd" -gt 2 ]; then eval "exec $fd>&-" 2>/dev/null || true; fi
+    done
+    exec setsid "$@"
+  ) >"$STATE/$name.log" 2>&1 </dev/null &
   local pid=$! tries=0
   echo "$pid" >"$STATE/$name.pid"
   # Until the forked shell has exec'd, the PID's command line is this script's: wait for the class.
@@ -134,6 +151,14 @@ up() {
   export PYSPARK_PYTHON="${PYSPARK_PYTHON:-$PY}"
   mkdir -p "$STATE/local" "$STATE/work" "$WAREHOUSE/_metastore"
   local t0=$SECONDS
+  if [ "$LOCAL" = 1 ]; then
+    if [ -n "$(pid_of master)" ]; then die "a standalone cluster runs in $STATE; run 'scripts/cluster.sh down' first"; fi
+    up_local
+    return
+  fi
+  if [ -n "$(pid_of thrift)" ] && [ -z "$(pid_of master)" ]; then
+    die "the warm engine (local Spark) runs in $STATE; run 'scripts/cluster.sh down' first"
+  fi
 
   if [ -z "$(pid_of master)" ]; then
     start_daemon master env SPARK_DAEMON_MEMORY="$daemon_memory" "$sh/bin/spark-class" org.apache.spark.deploy.master.Master \
@@ -149,34 +174,44 @@ up() {
   wait_for worker "registration with the master" worker_registered
   say "master $MASTER_URL and worker ready ($((SECONDS - t0)) s)"
 
-  if [ -z "$(pid_of thrift)" ]; then
-    echo "$WAREHOUSE" >"$STATE/warehouse"
-    start_daemon thrift env SPARK_DAEMON_MEMORY="$THRIFT_DRIVER_MEMORY" "$sh/bin/spark-submit" \
-      --master "$MASTER_URL" \
-      --class org.apache.spark.sql.hive.thriftserver.HiveThriftServer2 \
-      --name changelake-thrift \
-      --driver-memory "$THRIFT_DRIVER_MEMORY" \
-      --executor-memory "$EXECUTOR_MEMORY" \
-      --conf spark.cores.max="$APP_CORES" \
-      --conf spark.driver.host="$HOST" \
-      --conf spark.driver.bindAddress="$HOST" \
-      --conf spark.ui.port="$THRIFT_UI_PORT" \
-      --conf spark.ui.showConsoleProgress=false \
-      --conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension \
-      --conf spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog \
-      --conf spark.sql.session.timeZone=UTC \
-      --conf spark.sql.shuffle.partitions=2 \
-      --conf spark.databricks.delta.snapshotPartitions=2 \
-      --conf spark.sql.warehouse.dir="$WAREHOUSE/dbt" \
-      --conf "spark.hadoop.javax.jdo.option.ConnectionURL=jdbc:derby:;databaseName=$WAREHOUSE/_metastore/metastore_db;create=true" \
-      --conf spark.driver.extraJavaOptions="-Dderby.system.home=$WAREHOUSE/_metastore ${CHANGELAKE_JVM_OPTS:-}" \
-      --conf spark.executor.extraJavaOptions="${CHANGELAKE_JVM_OPTS:-}" \
-      spark-internal \
-      --hiveconf hive.server2.thrift.bind.host="$HOST" \
-      --hiveconf hive.server2.thrift.port="$THRIFT_PORT"
-  fi
+  start_thrift "$sh" "$THRIFT_DRIVER_MEMORY" --master "$MASTER_URL" --name changelake-thrift \
+    --executor-memory "$EXECUTOR_MEMORY" --conf spark.cores.max="$APP_CORES" \
+    --conf spark.sql.shuffle.partitions=2 --conf spark.databricks.delta.snapshotPartitions=2 \
+    --conf spark.driver.extraJavaOptions="-Dderby.system.home=$WAREHOUSE/_metastore ${CHANGELAKE_JVM_OPTS:-}" \
+    --conf spark.executor.extraJavaOptions="${CHANGELAKE_JVM_OPTS:-}"
   wait_for thrift "HiveServer2 on port $THRIFT_PORT" port_open "$THRIFT_PORT"
   say "thrift server ready on $HOST:$THRIFT_PORT, warehouse $WAREHOUSE ($((SECONDS - t0)) s in all)"
+}
+
+up_local() {  # the warm engine: the Thrift server on a local Spark, settings as profiles.yml's local target
+  local sh t0=$SECONDS; sh="$(spark_home)"
+  start_thrift "$sh" "$LOCAL_MEMORY" --master "local[$LOCAL_CORES]" --name changelake-engine \
+    --conf spark.sql.shuffle.partitions="$LOCAL_CORES" --conf spark.databricks.delta.snapshotPartitions="$LOCAL_CORES" \
+    --conf spark.driver.extraJavaOptions="-Dderby.system.home=$WAREHOUSE/_metastore -Dlog4j2.configurationFile=file:$PWD/dbt_log4j2.properties ${CHANGELAKE_JVM_OPTS:-}"
+  wait_for thrift "HiveServer2 on port $THRIFT_PORT" port_open "$THRIFT_PORT"
+  say "warm engine (local[$LOCAL_CORES]) ready on $HOST:$THRIFT_PORT, warehouse $WAREHOUSE ($((SECONDS - t0)) s)"
+}
+
+start_thrift() {  # spark home, driver memory, then the master and its own settings: the Thrift server with Delta
+  local sh="$1" memory="$2"; shift 2
+  [ -z "$(pid_of thrift)" ] || return 0
+  echo "$WAREHOUSE" >"$STATE/warehouse"
+  start_daemon thrift env SPARK_DAEMON_MEMORY="$memory" "$sh/bin/spark-submit" \
+    --class org.apache.spark.sql.hive.thriftserver.HiveThriftServer2 \
+    --driver-memory "$memory" \
+    "$@" \
+    --conf spark.driver.host="$HOST" \
+    --conf spark.driver.bindAddress="$HOST" \
+    --conf spark.ui.port="$THRIFT_UI_PORT" \
+    --conf spark.ui.showConsoleProgress=false \
+    --conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension \
+    --conf spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog \
+    --conf spark.sql.session.timeZone=UTC \
+    --conf spark.sql.warehouse.dir="$WAREHOUSE/dbt" \
+    --conf "spark.hadoop.javax.jdo.option.ConnectionURL=jdbc:derby:;databaseName=$WAREHOUSE/_metastore/metastore_db;create=true" \
+    spark-internal \
+    --hiveconf hive.server2.thrift.bind.host="$HOST" \
+    --hiveconf hive.server2.thrift.port="$THRIFT_PORT"
 }
 
 stop_one() {
@@ -225,10 +260,17 @@ print_env() {
   echo "export CHANGELAKE_WAREHOUSE=$WAREHOUSE"
 }
 
+serves() {  # exit 0 when a Thrift server (cluster or warm engine) runs for $CHANGELAKE_WAREHOUSE
+  case "$WAREHOUSE" in /*) ;; *) WAREHOUSE="$PWD/$WAREHOUSE" ;; esac
+  [ -n "$(pid_of thrift)" ] && [ -f "$STATE/warehouse" ] && [ "$(cat "$STATE/warehouse")" = "$WAREHOUSE" ] \
+    && port_open "$THRIFT_PORT"
+}
+
 case "${1:-}" in
   up) up ;;
+  serves) serves ;;
   down) down ;;
   status) status ;;
   env) print_env ;;
-  *) echo "usage: $0 up|down|status|env" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status|env|serves" >&2; exit 2 ;;
 esac
