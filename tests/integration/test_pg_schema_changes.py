@@ -237,7 +237,32 @@ def test_a_dropped_table_is_tombstoned_after_its_last_change(warehouse: Path, ma
         ("gone", "insert", None),
         ("gone", "truncate", [f"{s.schema}.gone"]),
     ]
-    assert events[-1].message_prefix == "changelake.tableGone"
+    assert events[-1].message_prefix == f"changelake.tableGone:{src.slot_name}"
+
+
+def test_a_table_gone_from_another_source_is_not_a_truncate_here(warehouse: Path, make_source: Any) -> None:
+    """Bug pinned: the tombstone message of a dropped table is in the database's WAL, which every slot
+    decodes, so another source on the same database wrote it into its own bronze as a truncate of a
+    table it never captured (seen as an extra event in a concurrent test's event log)."""
+    gone = make_source(
+        "create table items (id int primary key); create table gone (id int primary key)", ["items", "gone"]
+    )
+    other = make_source("create table t (id int primary key)", ["t"])
+    prepare(gone.config())
+    prepare(other.config())
+    other.execute("insert into t values (1)")
+    gone.execute("drop table gone")
+    with pytest.raises(SourceError, match="does not exist"):
+        capture_once(warehouse, gone.config())
+    other.execute("insert into t values (2)")
+    capture_once(warehouse, other.config())
+    events = bronze_events(warehouse, other.name)
+    assert [(e.table_name, e.action) for e in events if e.action != "message"] == [("t", "insert"), ("t", "insert")]
+    # The source whose table it was still turns it into a truncate of that table.
+    gone.tables = [f"{gone.schema}.items"]
+    capture_once(warehouse, gone.config())
+    mine = [(e.table_name, e.action, e.truncated_tables) for e in bronze_events(warehouse, gone.name)]
+    assert mine == [("gone", "truncate", [f"{gone.schema}.gone"])]
 
 
 def test_add_column_with_a_default_during_a_continuous_run_resnapshots_the_table(

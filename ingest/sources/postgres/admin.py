@@ -12,7 +12,7 @@ from ingest.capture.retry import is_transient
 from ingest.config import PostgresSource
 from ingest.errors import SlotInvalidatedError, SourceError, SourceUnavailableError
 from ingest.events import lsn_to_int
-from ingest.sources.postgres.changes import TABLE_GONE_PREFIX
+from ingest.sources.postgres.changes import table_gone_prefix
 from ingest.sources.postgres.published import (
     supports_column_lists,
     supports_generated_columns,
@@ -235,7 +235,7 @@ class PostgresAdmin:
         leaves deleted records as they were.
         """
         if self._one("select 1 from pg_replication_slots where slot_name = %s", (self.src.slot_name,)) is not None:
-            self.emit_message(TABLE_GONE_PREFIX, qualified)
+            self.emit_message(table_gone_prefix(self.src.slot_name), qualified)
 
     def _all_columns(self, schema: str, table: str) -> list[tuple[object, ...]]:
         with self.conn.cursor() as cur:

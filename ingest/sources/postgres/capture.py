@@ -27,7 +27,7 @@ from ingest.positions import STREAM_WRITER_ID, SourcePositions
 from ingest.progress import Progress
 from ingest.sources.postgres.admin import DRAIN_PREFIX, HEARTBEAT_PREFIX, PostgresAdmin, prepare_source
 from ingest.sources.postgres.catalog import PgCatalog
-from ingest.sources.postgres.changes import TABLE_GONE_PREFIX, Catalog, ChangeBuilder, TxnEnd
+from ingest.sources.postgres.changes import Catalog, ChangeBuilder, TxnEnd, table_gone_prefix
 from ingest.sources.postgres.history import advance_slot, first_difference, redelivered_transactions
 from ingest.sources.postgres.pages import Hook
 from ingest.sources.postgres.published import publish_again
@@ -269,7 +269,7 @@ class PostgresCapture:
             after.relation_id,
         )
         publish_again(admin, table)
-        admin.emit_message(TABLE_GONE_PREFIX, table)
+        admin.emit_message(table_gone_prefix(self.src.slot_name), table)
         refusal = cannot_snapshot(admin, table)
         if refusal is not None:
             log.warning(
@@ -293,7 +293,7 @@ class PostgresCapture:
         messages the stream still has to send sort below it, `take_shapes`). A table without a
         recorded shape gets one, so that its later changes are met too.
         """
-        builder = ChangeBuilder(catalog, use_native=False)
+        builder = ChangeBuilder(catalog, use_native=False, slot=self.src.slot_name)
         at = admin.slot_health().current_wal_lsn
         shapes = []
         for table in self.src.tables:
@@ -364,7 +364,7 @@ class PostgresCapture:
                     admin,
                     stream,
                     committer,
-                    ChangeBuilder(catalog),
+                    ChangeBuilder(catalog, slot=self.src.slot_name),
                     known,
                     resume,
                     once,

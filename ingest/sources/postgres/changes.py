@@ -39,7 +39,17 @@ log = logging.getLogger(__name__)
 _U32: Final = struct.Struct("!I")
 # A transactional logical message with this prefix names a `schema.table` that no longer exists
 # (admin.check_tables writes it): the builder turns it into a truncate of that table (review W12).
+# Every slot of the database decodes every logical message, so the prefix written names the slot
+# (table_gone_prefix) and a builder takes only its own slot's; the bare prefix (written before)
+# is taken by every builder, as it was.
 TABLE_GONE_PREFIX: Final = "changelake.tableGone"
+
+
+def table_gone_prefix(slot: str) -> str:
+    """The tombstone message prefix of the source that reads through `slot`."""
+    return f"{TABLE_GONE_PREFIX}:{slot}"
+
+
 # pg_class.relreplident, as a Relation message carries it
 REPLICA_IDENTITY_DEFAULT: Final = "d"
 REPLICA_IDENTITY_INDEX: Final = "i"
@@ -167,13 +177,15 @@ class ChangeBuilder:
     built, in `record`, `old_record` and the shape alike; such relations take the Python path.
     """
 
-    def __init__(self, catalog: Catalog, use_native: bool = True) -> None:
+    def __init__(self, catalog: Catalog, use_native: bool = True, slot: str | None = None) -> None:
         """Start outside any transaction with an empty relation cache.
 
         `use_native`: decode row changes with the compiled decoder where it applies (native.py).
+        `slot`: the slot the stream reads; tombstone messages written for another slot stay messages.
         """
         self.catalog = catalog
         self.use_native = use_native
+        self._gone_prefixes = {TABLE_GONE_PREFIX} | ({table_gone_prefix(slot)} if slot is not None else set())
         self._rules = catalog if isinstance(catalog, MaskingCatalog) else None
         # Row changes of tables the config does not list, by table: dropped, never written.
         self.uncaptured: dict[str, int] = {}
@@ -450,7 +462,7 @@ class ChangeBuilder:
                         message_content=content,
                         message_transactional=False,
                     )
-                if msg.prefix == TABLE_GONE_PREFIX:
+                if msg.prefix in self._gone_prefixes:
                     # A table that no longer exists (admin.check_tables): a truncate of its records,
                     # after every change of it in WAL order. One event, as the message would be.
                     schema, _, name = content.partition(".")
