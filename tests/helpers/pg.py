@@ -10,6 +10,7 @@ from typing import Any
 
 import psycopg
 
+from ingest.events import lsn_to_int
 from tests.helpers.delta_rows import read
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,6 +39,17 @@ class PgSource:
 
     def execute(self, sql: str, params: Any = None) -> None:
         self.conn.execute(sql, params)
+
+    def reconnect(self) -> None:
+        """A new session after the server restarted (a restore, a promotion), on the same schema."""
+        self.conn = psycopg.connect(self.dsn, autocommit=True)
+        self.conn.execute(f"set search_path = {self.schema}")
+
+    def current_wal(self) -> int:
+        """The server's current WAL position."""
+        row = self.conn.execute("select pg_current_wal_lsn()::text").fetchone()
+        assert row is not None
+        return lsn_to_int(str(row[0]))
 
     def drop(self) -> None:
         with psycopg.connect(self.dsn, autocommit=True) as c:

@@ -21,6 +21,13 @@ def pg_bindir(major: int) -> str:
     return out.stdout.strip()
 
 
+def copy_data_dir(src: Path, dst: Path) -> None:
+    """A cold copy of a stopped cluster's data directory (what a storage snapshot restores), replacing `dst`."""
+    if dst.exists():
+        shutil.rmtree(dst)
+    subprocess.run(["cp", "-a", str(src), str(dst)], check=True)
+
+
 class ScratchCluster:
     """Owns one cluster in a temporary state directory on its own port; `remove()` deletes it."""
 

@@ -27,8 +27,7 @@ from ingest.errors import SlotGapError
 from ingest.events import lsn_to_int
 from tests.helpers.delta_rows import read
 from tests.helpers.pg import PgSource, bronze_events, capture_once, prepare
-from tests.helpers.scratch_pg import ScratchCluster
-from tests.integration.test_pg_restore import _copy, _reconnect, _wal
+from tests.helpers.scratch_pg import ScratchCluster, copy_data_dir
 
 pytestmark = pytest.mark.integration
 
@@ -69,9 +68,9 @@ def _make_standby(primary: ScratchCluster, standby: ScratchCluster, s: PgSource,
     if with_slot:
         s.conn.close()
         primary.stop()
-        _copy(primary.state / "pgdata", data)
+        copy_data_dir(primary.state / "pgdata", data)
         primary.start()
-        _reconnect(s)
+        s.reconnect()
         (data / "standby.signal").touch()
         recovery = f"primary_conninfo = '{conninfo}'\n"
     else:
@@ -132,11 +131,11 @@ def promoted_past_bronze(
     with psycopg.connect(standby.dsn, autocommit=True) as c:
         c.execute("select pg_promote(true, 60)")
     s.dsn = standby.dsn
-    _reconnect(s)
+    s.reconnect()
     for i in (101, 102, 103):
         s.execute("insert into acct values (%s, %s)", (i, f"new-{i}"))
     s.execute("insert into filler select repeat('x', 200) from generate_series(1, 2000)")
-    assert _wal(s) > durable  # past bronze: no position looks wrong
+    assert s.current_wal() > durable  # past bronze: no position looks wrong
     return s, src.model_copy(update={"dsn": standby.dsn}), durable
 
 

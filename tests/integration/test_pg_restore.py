@@ -11,21 +11,17 @@ acknowledgement reached the server, or an older copy of the slot) must still jus
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 
 from ingest.bronze.writer import BronzeWriter
 from ingest.errors import SlotGapError
-from ingest.events import lsn_to_int
 from tests.helpers.delta_rows import read
 from tests.helpers.pg import PgSource, bronze_events, capture_once, prepare
-from tests.helpers.scratch_pg import ScratchCluster
+from tests.helpers.scratch_pg import ScratchCluster, copy_data_dir
 
 pytestmark = pytest.mark.integration
 
@@ -37,23 +33,6 @@ def scratch() -> Iterator[ScratchCluster]:
     cluster = ScratchCluster(PORT)
     yield cluster
     cluster.remove()
-
-
-def _reconnect(s: PgSource) -> None:
-    s.conn = psycopg.connect(s.dsn, autocommit=True)
-    s.conn.execute(f"set search_path = {s.schema}")
-
-
-def _copy(src: Path, dst: Path) -> None:
-    if dst.exists():
-        shutil.rmtree(dst)
-    subprocess.run(["cp", "-a", str(src), str(dst)], check=True)
-
-
-def _wal(s: PgSource) -> int:
-    row = s.conn.execute("select pg_current_wal_lsn()::text").fetchone()
-    assert row is not None
-    return lsn_to_int(str(row[0]))
 
 
 def restored_past_bronze(scratch: ScratchCluster, tmp_path: Path, warehouse: Path) -> tuple[PgSource, Any, int]:
@@ -69,21 +48,21 @@ def restored_past_bronze(scratch: ScratchCluster, tmp_path: Path, warehouse: Pat
     s.conn.close()
     pgdata = scratch.state / "pgdata"
     scratch.stop()
-    _copy(pgdata, tmp_path / "copy")
+    copy_data_dir(pgdata, tmp_path / "copy")
     scratch.start()
-    _reconnect(s)
+    s.reconnect()
     s.execute("insert into acct values (1, 'old-1'), (2, 'old-2'), (3, 'old-3')")
     capture_once(warehouse, src)
     durable = next(p.durable_lsn for p, _ in BronzeWriter(warehouse).positions(s.name) if p.writer_id == "stream")
     s.conn.close()
     scratch.stop()
-    _copy(tmp_path / "copy", pgdata)  # the restore
+    copy_data_dir(tmp_path / "copy", pgdata)  # the restore
     scratch.start()
-    _reconnect(s)
+    s.reconnect()
     for i in (101, 102, 103):
         s.execute("insert into acct values (%s, %s)", (i, f"new-{i}"))
     s.execute("insert into filler select repeat('x', 200) from generate_series(1, 2000)")
-    assert _wal(s) > durable  # past bronze: no position looks wrong
+    assert s.current_wal() > durable  # past bronze: no position looks wrong
     return s, src, durable
 
 
