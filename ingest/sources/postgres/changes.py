@@ -38,7 +38,8 @@ log = logging.getLogger(__name__)
 
 _U32: Final = struct.Struct("!I")
 # A transactional logical message with this prefix names a `schema.table` that no longer exists
-# (admin.check_tables writes it): the builder turns it into a truncate of that table (review W12).
+# (admin.check_tables writes it): the builder turns it into a truncate of that table, since a DROP
+# or RENAME writes no change of its own.
 # Every slot of the database decodes every logical message, so the prefix written names the slot
 # (table_gone_prefix) and a builder takes only its own slot's; the bare prefix (written before)
 # is taken by every builder, as it was.
