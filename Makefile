@@ -4,7 +4,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cat requirements.txt pyproject.toml | sha1sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat requirements.txt examples/dagster/requirements.txt pyproject.toml | sha1sum | cut -c1-12)
 # The compiled pgoutput row decoder (native/, Rust + PyO3, built by maturin): rebuilt when its
 # sources change. cargo comes with the machine (rustup); crates from crates.io.
 NATIVE_STAMP := $(VENV)/.native-$(shell cat native/Cargo.toml native/Cargo.lock native/pyproject.toml native/src/*.rs | sha1sum | cut -c1-12)
@@ -16,11 +16,12 @@ export DBT_PROFILES_DIR ?= $(CURDIR)
 .PHONY: setup pg demo test test-fast test-unit test-integration test-cluster lint bench clean pg-stop \
 	cluster-up cluster-down cluster-status engine-up engine-down
 
-$(STAMP): requirements.txt pyproject.toml
+$(STAMP): requirements.txt examples/dagster/requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "setup: installing pinned Python dependencies into $(VENV) (first run builds pyspark, ~2 min)"
 	@$(PY) -m pip install -q --upgrade pip wheel
-	@$(PY) -m pip install -q -r requirements.txt
+	@# The Dagster example (examples/dagster/) resolved with the rest: dbt-core bounds its protobuf
+	@$(PY) -m pip install -q -r requirements.txt -r examples/dagster/requirements.txt
 	@$(PY) -m pip install -q --no-deps -e .
 	@bash scripts/delta_jars.sh $(PY)
 	@bash scripts/mongo_java_server.sh >/dev/null
