@@ -164,6 +164,70 @@ def _null_fragment(_value: bytes) -> str:
     return "null"
 
 
+def _names_kept_their_columns(before: Sequence[str], now: Sequence[str]) -> bool:
+    """Whether `before` -> `now` (a table's column names, in column order) can be told without a rename.
+
+    A column keeps its place (attnum) for life and a new one comes after every existing one, so
+    without a rename the names both lists have keep their order, and every new name comes after
+    them. A name that broke either rule now belongs to another column than it did.
+    """
+    old = set(before)
+    common = [c for c in now if c in old]
+    if common != [c for c in before if c in set(now)]:
+        return False
+    last_common = max((i for i, c in enumerate(now) if c in old), default=-1)
+    return all(c in old for c in now[: last_common + 1])
+
+
+def check_masks_followed(
+    table: str,
+    before: Sequence[tuple[str, bool]],
+    now: Sequence[tuple[str, bool]],
+    table_dropped_columns: bool,
+    source: str,
+) -> None:
+    """Refuse a shape change that may have moved a masked column's values under a name no rule masks.
+
+    `before`: the last recorded shape's (name, masked) in column order; `now`: the same for the
+    table as the current rules see it. Rules match names, so renaming a masked column and giving
+    its name to another (a new column, or a swap) leaves the rule matching a column and the values
+    it was written for landing as they are, in the stream and in the re-snapshot the rename asks
+    for. When the names cannot all have kept their columns (`_names_kept_their_columns`), the
+    columns are matched by place: with no column ever dropped from the table the n-th column is
+    the n-th column then, and each formerly masked one must be masked now. With dropped columns
+    places do not tell: the change passes only when no two names swapped and every name that is
+    new since is masked.
+    """
+    was_masked = [n for n, masked in before if masked]
+    names_then, names_now = [n for n, _m in before], [n for n, _m in now]
+    if not was_masked or _names_kept_their_columns(names_then, names_now):
+        return
+    how = (
+        "list the column under its new name in mask_columns (or exclude_columns) and run again; "
+        "nothing of the new shape was written"
+    )
+    if table_dropped_columns or len(now) < len(before):
+        old, masked_now = set(names_then), {n for n, masked in now if masked}
+        common = [n for n in names_now if n in old]
+        if common == [n for n in names_then if n in set(names_now)] and all(
+            n in masked_now for n in names_now if n not in old
+        ):
+            return  # no two names swapped, and every name the table did not have then is masked
+        raise SourceError(
+            f"source {source!r}: table {table}: columns were renamed ({', '.join(names_then)} -> "
+            f"{', '.join(names_now)}) and masked column {', '.join(was_masked)} may now go by another name; the table "
+            "has dropped columns, so which name is which column cannot be told. That is only accepted when every "
+            "column whose name is new since is masked and no name moved to another column's place (otherwise capture "
+            f"the table as a new source); {how}"
+        )
+    for (then, was), (name, is_masked) in zip(before, now, strict=False):
+        if was and not is_masked:
+            raise SourceError(
+                f"source {source!r}: table {table}: column {then} (masked) was renamed to {name}, which no rule masks "
+                f"(rules match names; the column's values would land as they are): {how}"
+            )
+
+
 class SourceMasks:
     """The rules of one source, by table (`schema.table`, or a MongoDB collection's name)."""
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from psycopg import sql
 
 from ingest.events import RelationShape
-from ingest.masking import MASKED_JSON_KIND
+from ingest.masking import MASKED_JSON_KIND, check_masks_followed
 from ingest.sources.postgres.admin import PostgresAdmin
 from ingest.sources.postgres.pgoutput import RELATION_COLUMN_KEY_FLAG, Relation, RelationColumn
 from ingest.sources.postgres.published import SENT_COLUMN, publishes_generated
@@ -27,8 +27,22 @@ def resnapshot_reason(admin: PostgresAdmin, before: RelationShape, after: Relati
 
     A new column counts only if it has a default or a stored missing value now (a column added
     without one is NULL in every existing row, which is what silver's records say by its absence).
-    A column the catalog no longer has (dropped again since) is not asked about.
+    A column the catalog no longer has (dropped again since) is not asked about. A rename that may
+    have moved a masked column's values under a name no rule masks raises SourceError
+    (masking.check_masks_followed) before the shape or anything in it is written.
     """
+    with admin.conn.cursor() as cur:
+        cur.execute(
+            "select exists (select from pg_attribute where attrelid = %s and attisdropped)", (after.relation_id,)
+        )
+        row = cur.fetchone()
+    check_masks_followed(
+        f"{after.table_schema}.{after.table_name}",
+        [(c.name, c.json_kind == MASKED_JSON_KIND) for c in before.columns],
+        [(c.name, c.json_kind == MASKED_JSON_KIND) for c in after.columns],
+        bool(row and row[0]),
+        admin.src.name,
+    )
     old = {c.name: (c.type_oid, c.type_modifier) for c in before.columns}
     new = {c.name: (c.type_oid, c.type_modifier) for c in after.columns}
     reasons = []
