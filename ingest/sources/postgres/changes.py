@@ -291,7 +291,7 @@ class ChangeBuilder:
             encoders,
             pk_idx,
             shape,
-            native.row_encoder(encoders, keys_json, names, pk_idx) if compiled else None,
+            native.row_encoder(encoders, keys_json, names, pk_idx, f"{msg.namespace}.{msg.name}") if compiled else None,
             keep,
             len(all_names),
         )

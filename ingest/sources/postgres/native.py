@@ -19,6 +19,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any, Final
 
+from ingest.sources.postgres.native_guard import GuardedEncoder
 from ingest.sources.postgres.values import Encoder, _bytes_bool, _bytes_float, _bytes_int, _bytes_str
 
 log = logging.getLogger(__name__)
@@ -40,11 +41,16 @@ def available() -> bool:
 
 
 def row_encoder(
-    encoders: Sequence[Encoder], keys_json: Sequence[str], names: Sequence[str], pk_idx: Sequence[int]
+    encoders: Sequence[Encoder],
+    keys_json: Sequence[str],
+    names: Sequence[str],
+    pk_idx: Sequence[int],
+    table: str | None = None,
 ) -> Any:
     """A RowEncoder for a relation whose columns use these Python encoders, or None (Python path).
 
-    `keys_json` are the pre-encoded `"name":` prefixes, `pk_idx` the key columns' positions.
+    `keys_json` are the pre-encoded `"name":` prefixes, `pk_idx` the key columns' positions. A panic
+    of it is a refusal naming `table` (native_guard.py).
     """
     global _warned
     if _RowEncoder is None:
@@ -55,4 +61,5 @@ def row_encoder(
     codes = [_NATIVE_CODE.get(e) for e in encoders]
     if None in codes:
         return None
-    return _RowEncoder(codes, list(keys_json), list(names), list(pk_idx))
+    what = table or f"the relation of columns {', '.join(names)}"
+    return GuardedEncoder(_RowEncoder(codes, list(keys_json), list(names), list(pk_idx)), what)

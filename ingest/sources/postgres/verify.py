@@ -133,7 +133,7 @@ class VerifySnapshot:
         keys_json = json_keys(columns)
         width = range(len(columns))
 
-        compiled = native.row_encoder(encoders, keys_json, columns, key_positions)
+        compiled = native.row_encoder(encoders, keys_json, columns, key_positions, table)
 
         def python_row(values: list[bytes | None]) -> Row:
             record, _ = encode_record(table, keys_json, encoders, columns, values)

@@ -1,0 +1,78 @@
+"""A panic of the compiled decoder becomes what its callers already handle: a refusal, said once in one line.
+
+PyO3 raises a Rust panic as `pyo3_runtime.PanicException`, a BaseException, so no `except
+Exception` (nor the CLI's one-line error) catches it: a bug in the compiled decoder would end the
+run with a Python traceback. Every caller of the compiled decoder already hands a refused input
+(ValueError) to the Python decoder, the reference it mirrors, which gives the same output or
+raises the error that names the table and column. So a panic is refused the same way, with one
+warning per relation naming the table; the run goes on, at Python's speed for that input.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, Final
+
+log = logging.getLogger(__name__)
+
+PANIC_TYPE: Final = ("pyo3_runtime", "PanicException")  # (module, name): PyO3 does not export the class
+
+
+def is_panic(error: BaseException) -> bool:
+    """Whether `error` is a Rust panic raised through PyO3."""
+    return (type(error).__module__, type(error).__name__) == PANIC_TYPE
+
+
+class GuardedEncoder:
+    """One relation's compiled RowEncoder whose panics are refusals.
+
+    Responsibilities: forward `change`, `copy_rows_of` and `copy_page_of`; turn a panic into
+    ValueError naming the table (`what`); warn once per relation, in one line, that it happened.
+    A forwarded call costs ~20 ns next to the ~900 ns of the call itself.
+    """
+
+    __slots__ = ("_enc", "_warned", "_what")
+
+    def __init__(self, encoder: Any, what: str) -> None:
+        """Guard `encoder`; `what` names its relation (`schema.table`, or its columns) in errors."""
+        self._enc, self._what, self._warned = encoder, what, False
+
+    def change(self, payload: bytes) -> Any:
+        """RowEncoder.change; a panic raises ValueError. Called per row: the guard inlined, not `_call`."""
+        try:
+            return self._enc.change(payload)
+        except ValueError:
+            raise
+        except BaseException as e:
+            raise self._refusal(e) from None
+
+    def copy_rows_of(self, buf: bytes) -> Any:
+        """RowEncoder.copy_rows_of; a panic raises ValueError."""
+        return self._call(self._enc.copy_rows_of, buf)
+
+    def copy_page_of(self, buf: bytes) -> Any:
+        """RowEncoder.copy_page_of; a panic raises ValueError."""
+        return self._call(self._enc.copy_page_of, buf)
+
+    def _call(self, method: Callable[[bytes], Any], buf: bytes) -> Any:
+        try:
+            return method(buf)
+        except ValueError:
+            raise
+        except BaseException as e:
+            raise self._refusal(e) from None
+
+    def _refusal(self, error: BaseException) -> BaseException:
+        if not is_panic(error):
+            return error  # KeyboardInterrupt, MemoryError ...: as they were
+        detail = " ".join(str(error).split())  # one line, whatever the panic message holds
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "the compiled decoder panicked on %s (%s): a bug in native/, please report it; this relation's "
+                "rows it fails on are decoded in Python (same output, slower)",
+                self._what,
+                detail,
+            )
+        return ValueError(f"compiled decoder panicked on {self._what}: {detail}")
