@@ -39,7 +39,8 @@ from ingest.sources.mongodb.changes import (
     pack_cluster_time,
     resume_token_position,
 )
-from ingest.sources.mongodb.snapshot import MongoSnapshotter
+from ingest.sources.mongodb.rules import newly_ruled, record_rules, recorded_rules, rules_now
+from ingest.sources.mongodb.snapshot import MongoSnapshotter, request_snapshot
 from ingest.sources.mongodb.source import StreamHistoryLostError, cluster_time, collections, connect, scope, translate
 from ingest.sources.mongodb.stream import RESUME_AFTER, START_AFTER, open_stream, parse_stored_token, stored_token
 
@@ -106,6 +107,30 @@ class MongoCapture:
             if table not in done and table not in running:
                 self._snapshots.put((coll, None))
 
+    def _follow_rules(self, client: MongoClient[dict[str, Any]]) -> None:
+        """Re-snapshot each collection a rule began to exclude or mask a field of since the last run (rules.py).
+
+        The request is durable before the new rules are recorded: an interruption between them asks
+        again at the next start (a spare snapshot), never leaves plain values without one.
+        """
+        now = rules_now(self.src.masks(), self.src.columns)
+        last = recorded_rules(self.writer, self.src.name)
+        if last is not None and last.rules == now:
+            return
+        # No record yet (a new source, or bronze from before rules were recorded): nothing to compare with.
+        for coll, fields in newly_ruled(last.rules, now).items() if last is not None else ():
+            log.warning(
+                "source=%s collection %s.%s: field %s became masked or excluded: re-snapshotting it (the snapshot "
+                "rewrites every record with the rule applied; bronze and silver history from before holds the values "
+                "as they were: docs/masking.md)",
+                self.src.name,
+                self.src.database,
+                coll,
+                ", ".join(fields),
+            )
+            request_snapshot(self.src, client, self.writer, coll)
+        record_rules(self.writer, self.src.name, now, self.durable_lsn, last)
+
     def _poll_requests(self) -> list[SnapshotProgress]:
         """Queue snapshot writers registered in bronze and not yet queued (resumed, or `snapshot` requests)."""
         new = [p for p in SourcePositions.read(self.writer, self.src.name).snapshots if p.writer_id not in self._queued]
@@ -125,6 +150,7 @@ class MongoCapture:
             resume = Resume(
                 self.durable_lsn, self.writer.last_event_position(self.src.name, STREAM_WRITER_ID, self.durable_lsn)
             )
+            self._follow_rules(client)
             self._plan_snapshots(client)
             self._stream_done.clear()
             snapshots = SnapshotThread(self.src.name, lambda stop: self._snapshot_worker(client, stop), should_stop)
