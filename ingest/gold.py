@@ -176,7 +176,8 @@ def render_sql(t: GoldTable) -> str:
         HEADER,
         "-- typed_current_state(source, schema, table, [[source column, Spark type, gold column], ...])\n",
         "{{ config(materialized='view') }}\n\n",
-        "{{ typed_current_state(\n",
+        # Qualified: the models may live in a project that installs changelake as a package.
+        "{{ changelake.typed_current_state(\n",
         f"    {_lit(t.source)},\n",
         f"    {_lit(t.schema)},\n",
         f"    {_lit(t.table)},\n",

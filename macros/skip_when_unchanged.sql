@@ -61,7 +61,7 @@
         {#- A source is a bronze Delta table (register_bronze_tables); a model must be a table. -#}
         {%- set node = graph.nodes.get(unique_id) or graph.sources.get(unique_id) -%}
         {%- if node is none or (node.resource_type == 'model'
-            and node.config.materialized not in ['table', 'incremental']) -%}
+            and node.config.materialized not in ['table', 'incremental', 'changelake_table', 'changelake_incremental']) -%}
             {{ return(none) }}
         {%- endif -%}
         {%- set relation = api.Relation.create(
@@ -110,9 +110,12 @@
 {#-
     dbt-spark's own materializations, preceded by changelake_skip_reason: a model configured with
     skip_when runs no statement (and its compiled SQL ran no lookup) when the run finds nothing it
-    would change.
+    would change. They have names of their own rather than overriding `incremental` and `table`:
+    dbt ignores an installed package's override of a built-in materialization, so the same
+    materializations work where changelake is the root project and where it is a package of
+    another project. is_incremental (macros/is_incremental.sql) counts changelake_incremental.
 -#}
-{% materialization incremental, adapter='spark', supported_languages=['sql', 'python'] -%}
+{% materialization changelake_incremental, adapter='spark', supported_languages=['sql', 'python'] -%}
     {%- set input_versions = changelake_input_versions() -%}
     {%- set reason = changelake_skip_reason(input_versions) -%}
     {%- if reason is not none -%}
@@ -124,7 +127,7 @@
 {%- endmaterialization %}
 
 
-{% materialization table, adapter='spark', supported_languages=['sql', 'python'] -%}
+{% materialization changelake_table, adapter='spark', supported_languages=['sql', 'python'] -%}
     {%- set input_versions = changelake_input_versions() -%}
     {%- set reason = changelake_skip_reason(input_versions) -%}
     {%- if reason is not none -%}

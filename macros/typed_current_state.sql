@@ -9,6 +9,9 @@
         columns are read from table_columns when the model runs (run_query, guarded by execute).
         Every name is quoted and escaped, as a string literal or a backtick identifier (review
         S1): a column named with a quote, a backtick, a space or SQL in it is just a column.
+        Its own macros are called as changelake.<macro>: generated models call it from the project
+        they live in, which may have installed changelake as a package (the caller's project is
+        where an unqualified name is looked up).
     -#}
     {%- set shape = [] -%}
     {%- if columns is not none -%}
@@ -21,9 +24,9 @@
                 select column_name, spark_type, column_name
                 from {{ columns_relation }}
                 where
-                    source = {{ sql_literal(source_name) }}
-                    and table_schema = {{ sql_literal(table_schema) }}
-                    and table_name = {{ sql_literal(table_name) }}
+                    source = {{ changelake.sql_literal(source_name) }}
+                    and table_schema = {{ changelake.sql_literal(table_schema) }}
+                    and table_name = {{ changelake.sql_literal(table_name) }}
                 order by ordinal_position
             {%- endset -%}
             {%- set shape = run_query(shape_query).rows -%}
@@ -45,9 +48,9 @@ current_rows as (
         from_json(record, 'map<string, string>') as record_values
     from consumer_records
     where
-        source = {{ sql_literal(source_name) }}
-        and table_schema = {{ sql_literal(table_schema) }}
-        and table_name = {{ sql_literal(table_name) }}
+        source = {{ changelake.sql_literal(source_name) }}
+        and table_schema = {{ changelake.sql_literal(table_schema) }}
+        and table_name = {{ changelake.sql_literal(table_name) }}
         and not deleted
 
 ),
@@ -56,8 +59,8 @@ final as (
 
     select
         {%- for column in shape %}
-            {{ json_text_to_spark_type('record_values[' ~ sql_literal(column[0]) ~ ']', column[1]) }}
-            as {{ spark_identifier(column[2]) }},
+            {{ changelake.json_text_to_spark_type('record_values[' ~ changelake.sql_literal(column[0]) ~ ']', column[1]) }}
+            as {{ changelake.spark_identifier(column[2]) }},
         {%- endfor %}
         {%- if not shape %}
             record as _cl_record,

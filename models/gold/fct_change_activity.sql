@@ -1,6 +1,6 @@
 {{
     config(
-        materialized='incremental',
+        materialized='changelake_incremental',
         incremental_strategy='merge',
         unique_key=['source', 'table_schema', 'table_name', 'action', 'activity_hour'],
         partition_by=['source'],

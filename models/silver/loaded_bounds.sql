@@ -1,4 +1,4 @@
-{{ config(materialized='table', skip_when='bounds_loaded') }}
+{{ config(materialized='changelake_table', skip_when='bounds_loaded') }}
 
 -- depends_on: {{ ref('sequin_events') }}
 -- depends_on: {{ ref('snapshot_rows_placed') }}

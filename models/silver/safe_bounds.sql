@@ -1,4 +1,4 @@
-{{ config(materialized='table', skip_when='positions_unchanged') }}
+{{ config(materialized='changelake_table', skip_when='positions_unchanged') }}
 
 -- One row per source: the position below which bronze is complete (DESIGN §4). Materialised once
 -- per run so that every model of the run reads the same bound, however far ingest moves meanwhile.

@@ -1,4 +1,4 @@
-{{ config(materialized='table', skip_when='positions_unchanged') }}
+{{ config(materialized='changelake_table', skip_when='positions_unchanged') }}
 
 -- Not rewritten when bronze.stream_positions is what the last run read (skip_when): ingest writes
 -- relation shapes and snapshot pages before it raises a position, so they are unchanged too.

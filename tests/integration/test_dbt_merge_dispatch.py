@@ -110,7 +110,7 @@ def render_merge(config: dict[str, Any]) -> str:
 
     context: dict[str, Any] = {"config": _Config(config), "execute": False, "dbt": _Dbt()}
     context["guarded_merge_sql"] = macro("guarded_merge_sql", context)
-    context["merge_sql_with_guard"] = macro("merge_sql_with_guard", context)
+    context["changelake"] = {"merge_sql_with_guard": macro("merge_sql_with_guard", context)}
     merge = macro("databricks__get_merge_sql", context)
     sql = str(merge(_Relation("consumer_records"), "batch_view", ["source", "record_pk"], [], None))
     return re.sub(r"\s+", " ", sql).strip() if not adapter_merge_calls else "adapter: " + sql.strip()

@@ -156,7 +156,7 @@ def test_names_are_jinja_and_sql_inert_in_the_model() -> None:
 
     env = Environment()
     env.globals["config"] = lambda **kw: ""
-    env.globals["typed_current_state"] = typed_current_state
+    env.globals["changelake"] = {"typed_current_state": typed_current_state}
     env.from_string(sql).render()
     assert captured == [("shop", "public", "t", [[name, "string", name]])]
 

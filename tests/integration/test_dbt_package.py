@@ -1,0 +1,138 @@
+"""changelake as a dbt package: a host project installs it from the working tree and builds on real bronze.
+
+The host project (in tmp) has a `local:` entry in packages.yml, its own model over the package's
+`consumer_records`, and the typed gold models `changelake-ingest gold generate` writes into its
+own models folder; it sets the package's bronze root through a project var. Two rounds of ingest
+and `dbt build` check what only works when the package's own macros are found from a package: its
+materializations (named changelake_*, as dbt ignores a package's override of the built-ins), its
+generate_schema_name (silver.*, not <target schema>_silver), its merge with the position guard on
+the second, incremental round, and the typed gold macro called from the host's models.
+"""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ingest import cli
+from tests.helpers.delta_rows import read
+from tests.helpers.pg import ROOT, capture_once, prepare
+from tests.helpers.silver import NO_UNIT_TESTS, dbt, silver
+
+pytestmark = pytest.mark.integration
+
+HOST = "shop_analytics"
+ORDERS = "create table orders (id int primary key, customer text, total numeric(10, 2), placed date)"
+
+
+def host_project(path: Path, bronze_root: Path) -> Path:
+    """A host dbt project that installs changelake with a `local:` package entry."""
+    (path / "models").mkdir(parents=True)
+    project = {
+        "name": HOST,
+        "version": "1.0.0",
+        "config-version": 2,
+        "profile": "changelake",
+        "model-paths": ["models"],
+        # The package's own vars, set for it from the host (docs/dbt.md, "As a package").
+        "vars": {"changelake": {"changelake_bronze_root": str(bronze_root)}},
+        "models": {HOST: {"+file_format": "delta", "changelake_gold": {"+materialized": "view"}}},
+        # The package's overrides of dbt's test and merge SQL (docs/dbt.md, "As a package").
+        "dispatch": [{"macro_namespace": "dbt", "search_order": ["changelake", "dbt"]}],
+    }
+    (path / "dbt_project.yml").write_text(yaml.safe_dump(project, sort_keys=False))
+    (path / "packages.yml").write_text(yaml.safe_dump({"packages": [{"local": str(ROOT)}]}))
+    # The host's own merge model: the package's merge override must leave it dbt-spark's merge.
+    (path / "models" / "order_keys.sql").write_text(
+        "{{ config(materialized='incremental', incremental_strategy='merge', unique_key='record_pk') }}\n"
+        "select record_pk, deleted from {{ ref('consumer_records') }}\n"
+    )
+    return path
+
+
+def run_results(warehouse: Path) -> dict[str, dict[str, Any]]:
+    """The last invocation's results by node id (the dbt helper's target path)."""
+    doc = json.loads((warehouse.parent / "dbt-target" / "run_results.json").read_text())
+    return {r["unique_id"]: r for r in doc["results"]}
+
+
+def test_a_host_project_builds_silver_and_gold_from_the_package(tmp_path: Path, make_source: Any) -> None:
+    s = make_source(ORDERS, ["orders"])
+    prepare(s.config())
+    s.execute("insert into orders select g, 'c' || g, g * 1.25, date '2026-01-01' + g from generate_series(1, 6) g")
+    s.execute("update orders set customer = 'moved' where id = 2")
+    s.execute("delete from orders where id = 3")
+    lake = tmp_path / "lake"  # ingest's warehouse; dbt's is another one, finding bronze through the var
+    warehouse = tmp_path / "warehouse"
+    capture_once(lake, s.config())
+    host = host_project(tmp_path / "host", lake / "bronze")
+    dbt(warehouse, "deps", project=host)
+    assert (host / "dbt_packages" / "changelake" / "dbt_project.yml").exists()
+
+    # Light: silver's chain to loaded_bounds, table_columns and the host's model, without tests here
+    # (the second round runs the tests of what it builds).
+    dbt(warehouse, "run", "--select", "+loaded_bounds", "+table_columns", "order_keys", project=host)
+    results = run_results(warehouse)
+    manifest = json.loads((warehouse.parent / "dbt-target" / "manifest.json").read_text())
+    records_id = "model.changelake.consumer_records"
+    assert manifest["nodes"][records_id]["config"]["materialized"] == "changelake_incremental"
+    assert manifest["nodes"][records_id]["schema"] == "silver", "the package's generate_schema_name"
+    failed = {k: r["status"] for k, r in results.items() if r["status"] not in ("success", "pass")}
+    assert not failed and records_id in results, failed
+
+    def live() -> dict[int, dict[str, Any]]:
+        rows = [r for r in silver(warehouse, "consumer_records") if r.source == s.name and not r.deleted]
+        return {json.loads(r.record_pk)["id"]: json.loads(r.record) for r in rows}
+
+    assert sorted(live()) == [1, 2, 4, 5, 6] and live()[2]["customer"] == "moved"
+    assert len(read(warehouse / "dbt" / "order_keys")) == 6
+
+    # Typed gold, generated into the host project from silver's table_columns.
+    config = tmp_path / "ingest.yml"
+    source = {"kind": "postgres", "name": s.name, "dsn": s.dsn, "tables": s.tables}
+    config.write_text(yaml.safe_dump({"warehouse": str(lake), "sources": [source]}))
+    gold = host / "models" / "changelake_gold"
+    table_columns = warehouse / "dbt" / "silver.db" / "table_columns"
+    generate = ["gold", "generate", "--out", str(gold), "--table-columns", str(table_columns)]
+    assert cli.main(["-c", str(config), *generate]) == 0
+    model = f"{s.name}__{s.schema}__orders"
+    assert "changelake.typed_current_state(" in (gold / f"{model}.sql").read_text()
+    (host / "models" / "typed_orders.sql").write_text(
+        f"{{{{ config(materialized='table') }}}}\nselect id, customer, total, placed from {{{{ ref('{model}') }}}}\n"
+    )
+
+    # Round two: an update, a delete, a new row; silver merges them (the incremental round).
+    s.execute("update orders set total = 99.5 where id = 4")
+    s.execute("delete from orders where id = 5")
+    s.execute("insert into orders values (7, 'new', 7.75, date '2026-02-01')")
+    capture_once(lake, s.config())
+    # The generic data tests of what it builds (the singular invariants are the dbt flow's to check).
+    selection = ("--select", "+loaded_bounds", "+typed_orders", "order_keys", "--indirect-selection", "cautious")
+    selection += ("--exclude", "test_type:singular")
+    dbt(warehouse, "build", *NO_UNIT_TESTS, *selection, project=host)
+    results = run_results(warehouse)
+    failed = {k: r["status"] for k, r in results.items() if r["status"] not in ("success", "pass")}
+    assert not failed and f"model.{HOST}.{model}" in results, failed
+    # The package's data tests ran, scoped to this run's rows by its get_where_subquery (without the
+    # `dispatch:` entry dbt's own kept the placeholder, and Spark failed on the unknown column).
+    tests = [k for k in results if k.startswith("test.changelake.")]
+    assert any(t.startswith("test.changelake.unique_combination_of_columns_consumer_records") for t in tests), tests
+    compiled = warehouse.parent / "dbt-target" / "compiled" / "changelake"
+    scoped = [p for p in compiled.rglob("*.sql") if "__changelake_this_run__" in p.read_text()]
+    assert len(tests) > 5 and not scoped, scoped
+    assert sorted(live()) == [1, 2, 4, 6, 7]
+    keys = {json.loads(r.record_pk)["id"]: r.deleted for r in read(warehouse / "dbt" / "order_keys")}
+    assert keys == {1: False, 2: False, 3: True, 4: False, 5: True, 6: False, 7: False}
+    merged = (
+        warehouse.parent / "dbt-target" / "run" / "changelake" / "models" / "silver" / "consumer_records.sql"
+    ).read_text()
+    assert "merge into" in merged and "dbt_internal_source.commit_lsn > dbt_internal_dest.commit_lsn" in merged, merged
+
+    typed = {r.id: r for r in read(warehouse / "dbt" / "typed_orders")}
+    assert sorted(typed) == [1, 2, 4, 6, 7]
+    assert typed[4].total == Decimal("99.50") and typed[7].customer == "new" and str(typed[7].placed) == "2026-02-01"
