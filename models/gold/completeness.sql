@@ -1,0 +1,91 @@
+{{ config(materialized='incremental', incremental_strategy='append') }}
+
+-- One row per source per dbt run that built it: silver is complete through the source's loaded
+-- safe bound (every change committed at or below it is in silver, none above it is), with the commit
+-- time of the last change at or below it and the latest `changelake-ingest verify` result. Appended,
+-- so the rows of earlier runs stay as their certificates. A run that loaded no bound (loaded_bounds
+-- empty: only part of silver selected) certifies nothing.
+
+with
+
+loaded_bounds as (
+
+    select * from {{ ref('loaded_bounds') }}
+
+),
+
+change_activity as (
+
+    select * from {{ ref('fct_change_activity') }}
+
+),
+
+verification_runs as (
+
+    select * from {{ ref('verification_runs') }}
+
+),
+
+last_changes as (
+
+    -- The last counted change at or below each source's loaded bound (hourly counts: small).
+    select
+        change_activity.source,
+        max(change_activity.last_seq) as last_change_seq,
+        max_by(change_activity.last_commit_lsn, change_activity.last_seq) as last_change_lsn,
+        max_by(change_activity.last_event_at, change_activity.last_seq) as last_change_at
+    from change_activity
+    inner join loaded_bounds
+        on change_activity.source = loaded_bounds.source
+    where change_activity.last_commit_lsn <= loaded_bounds.loaded_safe_lsn
+    group by change_activity.source
+
+),
+
+latest_verification as (
+
+    -- Each table's latest verification; the source's latest run among them.
+    select
+        source,
+        max_by(run_id, finished_at) as last_verify_run_id,
+        max(finished_at) as last_verified_at,
+        max_by(position, finished_at) as last_verified_position,
+        count(*) as tables_verified,
+        count_if(status = 'mismatch') as tables_mismatched,
+        count_if(status = 'not_verified') as tables_not_verified
+    from verification_runs
+    where is_latest
+    group by source
+
+),
+
+final as (
+
+    select
+        loaded_bounds.source,
+        '{{ invocation_id }}' as run_id,
+        cast('{{ run_started_at.strftime("%Y-%m-%d %H:%M:%S.%f") }}' as timestamp) as run_started_at,
+        loaded_bounds.loaded_safe_lsn as complete_through_lsn,
+        last_changes.last_change_at as complete_through_commit_at,
+        last_changes.last_change_seq,
+        last_changes.last_change_lsn,
+        latest_verification.last_verify_run_id,
+        latest_verification.last_verified_at,
+        latest_verification.last_verified_position,
+        case
+            when latest_verification.source is null then null
+            when latest_verification.tables_mismatched > 0 then 'mismatch'
+            when latest_verification.tables_not_verified > 0 then 'not_verified'
+            else 'equal'
+        end as verify_status,
+        coalesce(latest_verification.tables_verified, 0) as tables_verified,
+        current_timestamp() as recorded_at
+    from loaded_bounds
+    left join last_changes
+        on loaded_bounds.source = last_changes.source
+    left join latest_verification
+        on loaded_bounds.source = latest_verification.source
+
+)
+
+select * from final

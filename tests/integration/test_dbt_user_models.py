@@ -1,0 +1,165 @@
+"""Users' incremental models on changelake's bounds, and what dbt can certify (docs/dbt.md).
+
+The example models (models/examples, enabled by var changelake_examples) read silver through the
+macros changes_since and records_changed_since. A first dbt run is killed right after the event
+model has written its rows, before the run ends; the next round (updates, deletes, a truncate)
+must still leave every event in it exactly once, and the record model equal to consumer_records.
+The same build records gold.completeness, checked against silver and bronze.verification_runs, and
+`dbt source freshness` reports the commit time at the safe bound.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from ingest.bronze.schemas import VERIFICATION_RUNS_TABLE
+from ingest.bronze.writer import BronzeWriter
+from tests.helpers.delta_rows import read
+from tests.helpers.pg import ROOT, capture_once, prepare
+from tests.helpers.silver import DBT, NO_UNIT_TESTS, dbt, silver
+
+pytestmark = pytest.mark.integration
+
+TABLES = """
+create table orders (id int primary key, note text);
+create table lines (id int primary key, order_id int);
+"""
+EXAMPLES = ("--vars", "{changelake_examples: true}")
+CHANGE_LOG_WRITTEN = "OK created sql incremental model examples.example_change_log"
+
+
+def examples(warehouse: Path, model: str) -> list[Any]:
+    return read(warehouse / "dbt" / "examples.db" / model)
+
+
+def run_killed_after_change_log(warehouse: Path) -> None:
+    """`dbt run` of the examples and their silver, SIGKILLed once the event model has written."""
+    env = dict(
+        os.environ,
+        PWD=str(ROOT),
+        CHANGELAKE_WAREHOUSE=str(warehouse),
+        DBT_PROFILES_DIR=str(ROOT),
+        DBT_TARGET_PATH=str(warehouse.parent / "dbt-target"),
+        DBT_LOG_PATH=str(warehouse.parent / "dbt-logs"),
+    )
+    command = [str(DBT), "run", "--select", "+path:models/examples", *EXAMPLES, "--project-dir", str(ROOT)]
+    p = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert p.stdout is not None
+    seen = []
+    try:
+        for line in p.stdout:
+            seen.append(line)
+            if CHANGE_LOG_WRITTEN in line:
+                os.killpg(p.pid, signal.SIGKILL)
+                break
+    finally:
+        p.wait(timeout=60)
+    assert p.returncode == -signal.SIGKILL, "".join(seen[-40:])
+
+
+def record_verification(warehouse: Path, source: str, schema: str, position: int) -> str:
+    """A `verify` run's rows in bronze.verification_runs: orders equal, lines mismatched."""
+    writer = BronzeWriter(warehouse)
+    uri = writer.path(VERIFICATION_RUNS_TABLE)
+    writer.tables.create(uri, VERIFICATION_RUNS_TABLE.schema, VERIFICATION_RUNS_TABLE.partition_by, {})
+    run_id = str(uuid.uuid4())
+    now = datetime.now(UTC)
+    zero = dict.fromkeys(("ranges", "mismatched_ranges", "unresolved_ranges", "skipped_keys", "extra"), 0)
+    rows = [
+        {"table_name": "orders", "status": "equal", "missing": 0, "different": 0, **zero},
+        {"table_name": "lines", "status": "mismatch", "missing": 1, "different": 0, **zero},
+    ]
+    table = pa.Table.from_pylist(
+        [
+            {
+                **row,
+                "source": source,
+                "run_id": run_id,
+                "table_schema": schema,
+                "position": position,
+                "silver_position": position,
+                "source_rows": 1,
+                "silver_rows": 1,
+                "details": "{}",
+                "started_at": now,
+                "finished_at": now,
+            }
+            for row in rows
+        ],
+        schema=VERIFICATION_RUNS_TABLE.schema,
+    )
+    writer.tables.append(uri, table)
+    return run_id
+
+
+def test_user_models_read_each_change_once_across_a_killed_run(warehouse: Path, make_source: Any) -> None:
+    s = make_source(TABLES, ["orders", "lines"])
+    prepare(s.config())
+    s.execute("insert into orders select g, 'n' || g from generate_series(1, 5) g")
+    s.execute("insert into lines select g, g from generate_series(1, 3) g")
+    s.execute("update orders set note = 'changed' where id = 2")
+    s.execute("delete from orders where id = 3")
+    capture_once(warehouse, s.config())
+    run_killed_after_change_log(warehouse)
+    first = examples(warehouse, "example_change_log")
+    assert first and {r.source for r in first} == {s.name}
+
+    # The next round, after the killed run: its batch, a truncate and deletes included.
+    s.execute("insert into orders values (6, 'n6'), (7, 'n7')")
+    s.execute("update orders set note = 'again' where id = 1")
+    s.execute("delete from orders where id = 4")
+    s.execute("truncate lines")
+    s.execute("insert into lines values (10, 6)")
+    capture_once(warehouse, s.config())
+    bounds = [r for r in silver(warehouse, "safe_bounds") if r.source == s.name]
+    verify_run = record_verification(warehouse, s.name, s.schema, bounds[0].safe_lsn if bounds else 0)
+    # Tests of what this test adds only: silver's are the dbt flow's to run.
+    selection = ("--select", "+path:models/examples", "+completeness", "--indirect-selection", "cautious")
+    selection += ("--exclude", "resource_type:test,path:models/silver", "test_type:singular,assert_[!g]*")
+    dbt(warehouse, "build", *NO_UNIT_TESTS, *selection, *EXAMPLES)
+
+    events = [e for e in silver(warehouse, "sequin_events") if e.source == s.name]
+    logged = examples(warehouse, "example_change_log")
+    seqs = sorted(r.seq for r in logged)
+    assert seqs == sorted(e.seq for e in events) == list(range(1, len(events) + 1)), "each event exactly once"
+    by_seq = {e.seq: (e.action, e.record_pk, e.record) for e in events}
+    assert {r.seq: (r.action, r.record_pk, r.record) for r in logged} == by_seq
+    assert {"delete", "truncate"} <= {r.action for r in logged}
+
+    def state(rows: list[Any]) -> dict[tuple[str, str], tuple[Any, ...]]:
+        return {(r.table_name, r.record_pk): (r.record, r.deleted, r.commit_lsn) for r in rows if r.source == s.name}
+
+    records = state(examples(warehouse, "example_current_records"))
+    assert records == state(silver(warehouse, "consumer_records"))
+    assert {pk for (table, pk), (_, deleted, _) in records.items() if table == "lines" and deleted} == {
+        json.dumps({"id": i}, separators=(",", ":")) for i in (1, 2, 3)
+    }, "the truncate's tombstones"
+
+    (loaded,) = [r for r in silver(warehouse, "loaded_bounds") if r.source == s.name]
+    (row,) = [r for r in read(warehouse / "dbt" / "gold.db" / "completeness") if r.source == s.name]
+    last = max(events, key=lambda e: e.seq)
+    assert (row.complete_through_lsn, row.last_change_seq, row.last_change_lsn) == (
+        loaded.loaded_safe_lsn,
+        last.seq,
+        last.commit_lsn,
+    )
+    assert row.complete_through_commit_at == last.commit_timestamp
+    assert (row.last_verify_run_id, row.verify_status, row.tables_verified) == (verify_run, "mismatch", 2)
+
+    # Freshness: the commit time of the last bronze row (heartbeats included) at or below the safe bound.
+    dbt(warehouse, "source", "freshness", "--select", "source:changelake.bronze.wal_events")
+    (result,) = json.loads((warehouse.parent / "dbt-target" / "sources.json").read_text())["results"]
+    (position,) = [p.durable_lsn for p in read(warehouse / "bronze" / "stream_positions") if p.source == s.name]
+    visible = read(warehouse / "bronze" / "wal_events", f"source = '{s.name}' and commit_lsn <= {position}")
+    expected = max(e.commit_timestamp for e in visible)
+    assert datetime.fromisoformat(result["max_loaded_at"]) == expected.replace(tzinfo=UTC)
