@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 
 from ingest.errors import SourceError
 from ingest.masking import mask_hash
+from tests.helpers.capture_thread import ContinuousCapture
 from tests.helpers.pg import bronze_events, capture_once
 
 pytestmark = pytest.mark.integration
@@ -57,3 +59,32 @@ def test_a_masked_columns_name_given_to_a_new_column_does_not_unmask_the_renamed
     update = [json.loads(e.record) for e in bronze_events(warehouse, s.name) if e.action == "update"]
     assert update == [{"id": 1, "email_plain": mask_hash(SALT.encode(), carol.encode()), "n": 1, "email": None}]
     _nowhere(warehouse, [alice, carol], caplog.text)
+
+
+def test_the_same_rename_met_by_a_running_stream_stops_it_before_the_value_lands(
+    warehouse: Path, make_source: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The Relation message of the new shape, met mid-stream, is checked like the start's catalog look."""
+    monkeypatch.setenv(SALT_ENV, SALT)
+    s = make_source(USERS, ["users"])
+    alice, carol = _mail(), _mail()
+    masked = s.config(columns={s.tables[0]: {"mask_columns": ["email"]}}, mask_salt_env=SALT_ENV)
+    capture_once(warehouse, masked, snapshots=True)  # publication, slot and the first recorded shape
+    with ContinuousCapture(warehouse, masked) as run:
+        s.execute("insert into users values (1, %s)", (alice,))
+        run.wait_for(lambda: len(bronze_events(warehouse, s.name)) == 1, 60, "the insert in bronze")
+        s.execute("alter table users rename column email to email_plain")
+        s.execute("alter table users add column email text")
+        s.execute("update users set email_plain = %s, n = 1 where id = 1", (carol,))
+        error = _wait_error(run)
+    assert isinstance(error, SourceError)
+    assert "column email (masked) was renamed to email_plain, which no rule masks" in str(error)
+    _nowhere(warehouse, [alice, carol], caplog.text)
+
+
+def _wait_error(run: ContinuousCapture) -> BaseException | None:
+    deadline = time.monotonic() + 60
+    while run.error is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    err, run.error = run.error, None  # handled here: the context's exit would re-raise it
+    return err
