@@ -159,6 +159,11 @@ class SnapshotSettings(_Strict):
     # A page also ends once its rows' JSON reaches this many bytes (a row wider than that is a page
     # of its own): 10k rows of 1 MB would be 10 GB in one page.
     page_bytes: Annotated[int, Field(gt=0)] = 64 * MIB
+    # Snapshots run side by side, each its own writer and connection holding at most one page
+    # (memory: max_parallel x page_bytes). A table of more than split_rows estimated rows is cut
+    # into max_parallel key ranges. Default: one per core, at most 4.
+    max_parallel: Annotated[int, Field(gt=0, le=64)] = max(1, min(4, (os.cpu_count() or 1)))
+    split_rows: Annotated[int, Field(gt=0)] = 1_000_000
     # Where dbt's consumer_records is, to re-read keys it marks needs_reread (default:
     # <warehouse>/dbt/silver.db/consumer_records, the local profile's location).
     reread_from: str | None = None

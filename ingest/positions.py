@@ -53,6 +53,7 @@ class SnapshotProgress:
     until: tuple[str, ...] | None = None
     bounded: bool = False
     keys: tuple[tuple[str, ...], ...] | None = None
+    start: tuple[str, ...] | None = None  # a key range's lower bound (exclusive): a large table split
 
     @property
     def writer_id(self) -> str:
@@ -73,6 +74,8 @@ class SnapshotProgress:
             d["until"] = list(self.until) if self.until is not None else None
         if self.keys is not None:
             d["keys"] = [list(k) for k in self.keys]
+        if self.start is not None:
+            d["start"] = list(self.start)
         return json.dumps(d, separators=(",", ":"))
 
     @classmethod
@@ -91,6 +94,7 @@ class SnapshotProgress:
                 until=tuple(str(k) for k in until) if until is not None else None,
                 bounded="until" in d,
                 keys=tuple(tuple(str(v) for v in k) for k in keys) if keys is not None else None,
+                start=tuple(str(k) for k in d["start"]) if d.get("start") is not None else None,
             )
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise SourceError(

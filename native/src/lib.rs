@@ -256,6 +256,13 @@ impl RowEncoder {
 
     /// The rows of a COPY ... TO STDOUT text-format buffer (whole lines) as (record_pk, record).
     fn copy_rows(&self, buf: &[u8]) -> Result<Vec<(String, String)>, Refusal> {
+        Ok(self.copy_page(buf)?.into_iter().map(|(pk, record, _)| (pk, record)).collect())
+    }
+
+    /// The rows of a COPY text-format buffer as (record_pk, record, key columns as text) (a snapshot page's keyset cursor, `key_text`):
+    /// the unescaped field as UTF-8, a NULL key column as "" (what the Python page reader stores).
+    #[allow(clippy::type_complexity)]
+    fn copy_page(&self, buf: &[u8]) -> Result<Vec<(String, String, Vec<String>)>, Refusal> {
         let mut rows = Vec::new();
         let body = buf.strip_suffix(b"\n").ok_or("a COPY buffer ends with a newline")?;
         for line in body.split(|&b| b == b'\n') {
@@ -271,7 +278,15 @@ impl RowEncoder {
                 })
                 .collect();
             let (record, _) = self.record(&values)?;
-            rows.push((self.pk(&values, None)?, record));
+            let mut key = Vec::with_capacity(self.pk_idx.len());
+            for &i in &self.pk_idx {
+                let text = match &fields[i] {
+                    None => String::new(),
+                    Some(v) => std::str::from_utf8(v.as_ref()).map_err(|_| "key not UTF-8")?.to_owned(),
+                };
+                key.push(text);
+            }
+            rows.push((self.pk(&values, None)?, record, key));
         }
         Ok(rows)
     }
@@ -372,6 +387,13 @@ impl RowEncoder {
     /// row whose width is not the relation's); it raises the error a user sees, if there is one.
     fn copy_rows_of(&self, buf: &[u8]) -> PyResult<Vec<(String, String)>> {
         self.copy_rows(buf).map_err(PyValueError::new_err)
+    }
+
+    /// The rows of a buffer of whole COPY ... TO STDOUT text-format lines as a snapshot page holds
+    /// them: (record_pk, record, key columns as text). Raises ValueError as `copy_rows_of` does.
+    #[allow(clippy::type_complexity)]
+    fn copy_page_of(&self, buf: &[u8]) -> PyResult<Vec<(String, String, Vec<String>)>> {
+        self.copy_page(buf).map_err(PyValueError::new_err)
     }
 }
 

@@ -16,8 +16,9 @@ import pytest
 from ingest.sources.postgres import native
 from ingest.sources.postgres.admin import PostgresAdmin
 from ingest.sources.postgres.catalog import captured_shape, table_shape
+from ingest.sources.postgres.copy_text import copy_unescape
 from ingest.sources.postgres.values import TYPE_CATALOG_SQL, TypeCatalog
-from ingest.sources.postgres.verify import FETCH_ROWS, VerifySnapshot, _copy_unescape
+from ingest.sources.postgres.verify import FETCH_ROWS, VerifySnapshot
 
 pytestmark = pytest.mark.integration
 
@@ -94,6 +95,6 @@ def test_copy_rows_are_the_cursor_rows(make_source: Any, monkeypatch: pytest.Mon
 
 
 def test_copy_unescape_follows_copy_text_rules() -> None:
-    assert _copy_unescape(b"a\\tb\\nc\\\\d") == b"a\tb\nc\\d"
-    assert _copy_unescape(b"\\101\\7\\x41\\x4g\\q") == b"A\x07A\x04gq"
-    assert _copy_unescape(b"plain") == b"plain"
+    assert copy_unescape(b"a\\tb\\nc\\\\d") == b"a\tb\nc\\d"
+    assert copy_unescape(b"\\101\\7\\x41\\x4g\\q") == b"A\x07A\x04gq"
+    assert copy_unescape(b"plain") == b"plain"

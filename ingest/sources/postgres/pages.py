@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from psycopg import pq, sql
 
@@ -18,6 +18,7 @@ from ingest.capture.retry import transient_libpq_message, transient_sqlstate
 from ingest.config import PostgresSource
 from ingest.errors import SourceError, SourceUnavailableError
 from ingest.events import SnapshotRow, lsn_to_int
+from ingest.sources.postgres import copy_text
 from ingest.sources.postgres.catalog import TableShape
 from ingest.sources.postgres.replication import connect_value_session
 from ingest.sources.postgres.rows import encode_key, encode_record, json_keys
@@ -33,6 +34,10 @@ WATERMARK_PREFIX = "changelake.watermark"
 SHAPE_CHANGED_SQLSTATES = frozenset({"42703", "42804", "42846"})
 PAGE_CURSOR = b"changelake_page"  # the page's rows are fetched through it (closed by the page's COMMIT)
 FETCH_GROWTH = 8  # a fetch asks for at most this many times the rows read so far in the page
+# A COPY page's lines go to the encoder in buffers of at most this many rows or bytes.
+COPY_CHUNK_ROWS = 5_000
+COPY_CHUNK_BYTES = 8 * 1024 * 1024
+SPLIT_SAMPLE_ROWS = 2_000  # keys sampled to cut a large table into ranges
 # A test (or an operator's debugging session) may run statements at moments of a page:
 # "before_read", "after_begin" (the page's snapshot is taken next) and "after_read".
 Hook = Callable[[str, "SnapshotTask", int], None]
@@ -78,7 +83,10 @@ class PageReader:
         self.conn.finish()
 
     def _exec(self, query: bytes, params: Sequence[bytes | None] = ()) -> pq.abc.PGresult:
-        res = self.conn.exec_params(query, list(params)) if params else self.conn.exec_(query)
+        return self._exec_result(self.conn.exec_params(query, list(params)) if params else self.conn.exec_(query))
+
+    def _exec_result(self, res: pq.abc.PGresult) -> pq.abc.PGresult:
+        """`res` if the statement succeeded; else the transaction rolled back and the error raised."""
         if res.status not in (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK):
             raw = res.error_message or self.conn.get_error_message()
             msg = (raw.decode(errors="replace") if isinstance(raw, bytes) else raw).strip()
@@ -111,20 +119,32 @@ class PageReader:
         page: int,
         limit: int,
         max_bytes: int,
+        compiled: Any = None,
     ) -> PageRead:
         """Read up to `limit` rows, and `max_bytes` of record JSON, after `task.after` in key order.
 
-        In one REPEATABLE READ transaction.
+        In one REPEATABLE READ transaction. With `compiled` (native.row_encoder of these encoders)
+        and the table's record width known from an earlier page, the rows come by COPY and are
+        encoded by the compiled encoder (Python takes a buffer it refuses): same rows, same bytes.
         """
+        copy = compiled is not None and task.record_chars is not None
+        rows_limit = limit
+        if copy and task.record_chars:
+            # Sized so the page ends by its row count, not by a cut that reads rows to drop them.
+            limit = min(limit, max(1, int(max_bytes / task.record_chars)))
         cols = sql.SQL(", ").join(sql.Identifier(c) for c in shape.columns)
         keys = sql.SQL(", ").join(sql.Identifier(shape.columns[i]) for i in shape.key_positions)
         params: list[bytes | None] = []
 
         def bound(values: Sequence[str]) -> sql.Composable:
-            # libpq's own $n markers, numbered as values are bound: psycopg's %s rendered and then
-            # replaced textually also replaced a "%s" inside a quoted table or column name.
+            # COPY takes no parameters: its key values are quoted literals. Otherwise libpq's own $n
+            # markers, numbered as values are bound: psycopg's %s rendered and then replaced
+            # textually also replaced a "%s" inside a quoted table or column name.
             marks = []
             for value, type_name in zip(values, shape.key_types, strict=True):
+                if copy:
+                    marks.append(sql.Literal(value) + sql.SQL("::") + sql.SQL(type_name))
+                    continue
                 params.append(value.encode())
                 marks.append(sql.SQL(f"${len(params)}::") + sql.SQL(type_name))
             return sql.SQL(", ").join(marks)
@@ -158,7 +178,14 @@ class PageReader:
         xip_text = (snap.get_value(0, 2) or b"").decode()
         xip = tuple(int(x) for x in xip_text.split(",") if x)
         read_at_us = int(time.time() * 1_000_000)
-        rows, cut = self._fetch(text.encode(), params, shape, encoders, limit, max_bytes)
+        if copy:
+            rows, cut = self._copy(text.encode(), shape, encoders, compiled, max_bytes)
+            # A page its byte budget sized below the row limit has rows after it, as a cut one does.
+            cut = cut or (limit < rows_limit and len(rows) == limit)
+        else:
+            rows, cut = self._fetch(text.encode(), params, shape, encoders, limit, max_bytes)
+        if rows:
+            task.record_chars = sum(len(r.record) for r in rows) / len(rows)
         self._check_types(shape)
         self._exec(b"COMMIT")
         self._hook("after_read", task, page)
@@ -206,6 +233,49 @@ class PageReader:
             want = min(limit - len(rows), room, FETCH_GROWTH * len(rows))
         return rows, False
 
+    def _copy(
+        self, query: bytes, shape: TableShape, encoders: Sequence[Encoder], compiled: Any, max_bytes: int
+    ) -> tuple[list[SnapshotRow], bool]:
+        """The page's rows by `COPY (query) TO STDOUT`, encoded COPY_CHUNK_ROWS lines at a time.
+
+        The compiled encoder takes each buffer; one it refuses is encoded in Python (copy_text.py),
+        which raises the error a user sees. The page ends before the row that would take it past
+        `max_bytes`, as a cursor-read page does; the COPY's later lines are then read and dropped
+        (the page's limit was sized from the table's width, so few are).
+        """
+        res = self.conn.exec_(b"COPY (" + query + b") TO STDOUT")
+        if res.status != pq.ExecStatus.COPY_OUT:
+            self._exec_result(res)
+        table = f"{shape.schema}.{shape.name}"
+        keys_json = json_keys(shape.columns)
+        rows: list[SnapshotRow] = []
+        lines: list[bytes] = []
+        buffered = size = 0
+        cut = False
+        while True:
+            n, data = self.conn.get_copy_data(0)
+            if n >= 0 and not cut:
+                lines.append(bytes(data))
+                buffered += n
+            if lines and (n < 0 or len(lines) >= COPY_CHUNK_ROWS or buffered >= COPY_CHUNK_BYTES):
+                buf = b"".join(lines)
+                lines, buffered = [], 0
+                try:
+                    got = [SnapshotRow(pk, rec, tuple(key)) for pk, rec, key in compiled.copy_page_of(buf)]
+                except ValueError:
+                    got = copy_text.page_rows(table, keys_json, encoders, shape.columns, shape.key_positions, buf)
+                for row in got:
+                    if rows and size + len(row.record) > max_bytes:
+                        cut = True
+                        break
+                    rows.append(row)
+                    size += len(row.record)
+            if n < 0:
+                break
+        while (end := self.conn.get_result()) is not None:
+            self._exec_result(end)
+        return rows, cut
+
     def _check_types(self, shape: TableShape) -> None:
         """Fail the page (transiently) if a column's type is not the one its encoder was made for.
 
@@ -243,6 +313,24 @@ class PageReader:
         if res.ntuples == 0:
             return None
         return tuple(bytes(res.get_value(0, i) or b"").decode() for i in range(len(keys)))
+
+    def split_keys(self, shape: TableShape, parts: int, estimated_rows: int) -> list[tuple[str, ...]]:
+        """Up to `parts - 1` keys that cut the table into ranges of about equal rows, ascending.
+
+        From a block sample of about SPLIT_SAMPLE_ROWS rows (`tablesample system`: reads only the
+        sampled pages); a sample too small to cut gives fewer keys, or none.
+        """
+        keys = [sql.Identifier(shape.columns[i]) for i in shape.key_positions]
+        pct = min(100.0, 100.0 * SPLIT_SAMPLE_ROWS / max(estimated_rows, 1))
+        query = sql.SQL("select {} from {} tablesample system ({}) order by {}").format(
+            sql.SQL(", ").join(keys), shape.scan, sql.Literal(pct), sql.SQL(", ").join(keys)
+        )
+        res = self._exec(query.as_string(None).encode())
+        sample = [
+            tuple(bytes(res.get_value(r, i) or b"").decode() for i in range(len(keys))) for r in range(res.ntuples)
+        ]
+        cuts = [sample[len(sample) * i // parts] for i in range(1, parts)] if len(sample) >= parts * 2 else []
+        return list(dict.fromkeys(cuts))
 
     def watermark(self, task: SnapshotTask, page: int) -> int:
         """Commit the page's high watermark (a transactional logical message); returns its LSN."""

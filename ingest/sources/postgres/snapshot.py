@@ -19,6 +19,7 @@ re-read `rereads.py`'s; this module registers, runs, resumes and retires the sna
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -34,10 +35,12 @@ from ingest.errors import SourceError
 from ingest.events import SnapshotPage, SourceKind, WriterKind, WriterPosition
 from ingest.positions import SnapshotProgress, SourcePositions, snapshot_writer_id
 from ingest.progress import Progress
+from ingest.sources.postgres import native
 from ingest.sources.postgres.admin import PostgresAdmin
-from ingest.sources.postgres.catalog import captured_shape, estimate_rows, table_shape
+from ingest.sources.postgres.catalog import TableShape, captured_shape, estimate_rows, table_shape
 from ingest.sources.postgres.pages import Hook, PageReader, page_encoders
 from ingest.sources.postgres.rereads import RereadKeys
+from ingest.sources.postgres.rows import json_keys
 from ingest.sources.postgres.values import TYPE_CATALOG_SQL, TypeCatalog
 
 log = logging.getLogger(__name__)
@@ -45,6 +48,10 @@ log = logging.getLogger(__name__)
 REQUEST_POLL_S = 5.0
 REREAD_POLL_S = 60.0  # how often a continuous run looks in silver for keys to re-read
 POSITION_INTERVAL_S = 2.0  # a running snapshot raises its writer row at most this often (and at its end)
+
+
+class SnapshotStopped(Exception):
+    """Tells the snapshot threads of a `run` that is ending to stop after their current page."""
 
 
 @dataclass(slots=True)
@@ -63,6 +70,9 @@ class SnapshotTask:
     until: tuple[str, ...] | None = None  # the largest key when the snapshot started: its last row
     bounded: bool = False  # `until` is known (None with bounded = the table was empty)
     keys: tuple[tuple[str, ...], ...] | None = None  # a re-read of these keys only (one page)
+    record_chars: float | None = None  # the last page's mean record JSON length (sizes COPY pages)
+    start: tuple[str, ...] | None = None  # a key range's lower bound (exclusive): a part of a split table
+    claimed: bool = False  # a thread of this process runs (or ran) it: it may have a page not yet durable
 
     @property
     def writer_id(self) -> str:
@@ -81,6 +91,7 @@ class SnapshotTask:
             self.until,
             self.bounded,
             self.keys,
+            self.start,
         )
         return WriterPosition(
             source, self.writer_id, WriterKind.SNAPSHOT, self.durable_lsn, self.durable_lsn, progress.to_json()
@@ -99,9 +110,11 @@ class SnapshotTask:
             p.rows,
             p.estimated_rows,
             p.rows_per_s,
+            after=p.start,
             until=p.until,
             bounded=p.bounded,
             keys=p.keys,
+            start=p.start,
         )
 
 
@@ -135,6 +148,8 @@ class Snapshotter:
         self.progress = progress
         self._rereads = RereadKeys(src, writer)
         self.masks = src.masks()  # excluded columns are never read, masked ones masked before a page is built
+        self.max_parallel = src.snapshot.max_parallel
+        self._lock = threading.Lock()  # the task list and writer rows, shared by the snapshot threads
 
     # -- registration ----------------------------------------------------------------------
     def load(self) -> list[SnapshotTask]:
@@ -196,38 +211,120 @@ class Snapshotter:
 
     # -- running ---------------------------------------------------------------------------
     def run(self, should_stop: Callable[[], bool], poll_requests: bool = False) -> None:
-        """Run the registered snapshots to completion (and, with `poll_requests`, new ones as they come)."""
+        """Run the registered snapshots to completion (and, with `poll_requests`, new ones as they come).
+
+        Up to `snapshot.max_parallel` run side by side, each on a thread with its own connection;
+        the first failure stops the others after their current page and is raised here.
+        """
         reader = PageReader(self.src, self.hook)
         admin = PostgresAdmin(self.src)
+        running: dict[str, threading.Thread] = {}
+        failures: list[BaseException] = []
+
+        def stop() -> bool:
+            return bool(failures) or should_stop()
+
         try:
             types = TypeCatalog.from_rows(admin.type_catalog_rows(TYPE_CATALOG_SQL))
             self.request_rereads(reader.current_lsn)
             last_poll = last_reread = time.monotonic()
-            while not should_stop():
-                if not self.tasks:
-                    if not poll_requests:
-                        return
-                    if time.monotonic() - last_poll >= REQUEST_POLL_S:
-                        self.load()
-                        last_poll = time.monotonic()
-                    if time.monotonic() - last_reread >= REREAD_POLL_S:
-                        self.request_rereads(reader.current_lsn)
-                        last_reread = time.monotonic()
-                    else:
-                        time.sleep(0.2)
+            while not stop():
+                for writer_id in [w for w, t in running.items() if not t.is_alive()]:
+                    del running[writer_id]
+                with self._lock:
+                    waiting = [t for t in self.tasks if t.writer_id not in running]
+                for task in waiting[: max(0, self.max_parallel - len(running))]:
+                    thread = threading.Thread(
+                        target=self._work,
+                        args=(task, types, stop, failures),
+                        name=f"snapshot-{task.table}",
+                        daemon=True,
+                    )
+                    running[task.writer_id] = thread
+                    thread.start()
+                if self.tasks or running:
+                    time.sleep(0.05)
                     continue
-                task = self.tasks[0]
-                refusal = cannot_snapshot(admin, task.table)
-                if refusal is not None:
-                    self._drop(task, refusal)
-                    self.tasks.pop(0)
-                    continue
-                if self._run_task(task, reader, admin, types, should_stop):
-                    self.tasks.pop(0)
-                    self.completed.append(task)
+                if not poll_requests:
+                    return
+                if time.monotonic() - last_poll >= REQUEST_POLL_S:
+                    self.load()
+                    last_poll = time.monotonic()
+                if time.monotonic() - last_reread >= REREAD_POLL_S:
+                    self.request_rereads(reader.current_lsn)
+                    last_reread = time.monotonic()
+                else:
+                    time.sleep(0.2)
+        finally:
+            failures.append(SnapshotStopped())  # the running snapshots stop after their current page
+            for thread in running.values():
+                thread.join()
+            reader.close()
+            admin.close()
+        real = [f for f in failures if not isinstance(f, SnapshotStopped)]
+        if real:
+            raise real[0]
+
+    def _work(
+        self, task: SnapshotTask, types: TypeCatalog, stop: Callable[[], bool], failures: list[BaseException]
+    ) -> None:
+        """Run one snapshot on this thread with its own connections; a failure goes to `failures`."""
+        with self._lock:
+            task.claimed = True
+        reader = PageReader(self.src, self.hook)
+        admin = PostgresAdmin(self.src)
+        try:
+            refusal = cannot_snapshot(admin, task.table)
+            if refusal is not None:
+                self._drop(task, refusal)
+                done = False
+            else:
+                done = self._run_task(task, reader, admin, types, stop)
+            if done or refusal is not None:
+                with self._lock:
+                    self.tasks.remove(task)
+                    if done:
+                        self.completed.append(task)
+        except BaseException as e:  # raised by `run` in the caller's thread
+            log.error("snapshot failed source=%s table=%s error=%s", self.src.name, task.table, e)
+            failures.append(e)
         finally:
             reader.close()
             admin.close()
+
+    def _split(self, task: SnapshotTask, reader: PageReader, shape: TableShape) -> None:
+        """Cut a large table into key ranges, each its own snapshot writer; `task` keeps the first.
+
+        The ranges and `task`'s new bound are registered in one commit: a crash leaves either the
+        whole table to `task` or every range registered (a resumed `task` is bounded, not split again).
+        """
+        est = task.estimated_rows or 0
+        cuts: list[tuple[str, ...]] = []
+        if self.max_parallel > 1 and est > self.src.snapshot.split_rows and not shape.partitioned:
+            # Not for a snapshot that resumes after pages: its ranges below its last key are read.
+            cuts = reader.split_keys(shape, self.max_parallel, est) if task.until and task.after is None else []
+        if not cuts:
+            return
+        bounds = [*cuts, task.until]
+        parts = [
+            SnapshotTask(
+                task.table,
+                uuid.uuid4().hex,
+                task.started_at,
+                task.durable_lsn,
+                estimated_rows=est // len(bounds),
+                after=lo,
+                until=hi,
+                bounded=True,
+                start=lo,
+            )
+            for lo, hi in zip(cuts, bounds[1:], strict=True)
+        ]
+        task.until, task.estimated_rows = cuts[0], est // len(bounds)
+        with self._lock:
+            self.writer.raise_positions([(t.position(self.src.name), t.started_at) for t in [task, *parts]])
+            self.tasks.extend(parts)
+        log.info("snapshot split source=%s table=%s ranges=%d", self.src.name, task.table, len(bounds))
 
     def _run_task(
         self,
@@ -240,6 +337,7 @@ class Snapshotter:
         mask = self.masks.table(task.table)
         shape = captured_shape(table_shape(admin, task.table), mask, self.src.name)
         encoders = page_encoders(types, shape, mask, self.src.non_utf8)
+        compiled = native.row_encoder(encoders, json_keys(shape.columns), shape.columns, shape.key_positions)
         last = self.writer.last_durable_page(self.src.name, task.snapshot_id)
         page = 0
         if last is not None:
@@ -253,10 +351,11 @@ class Snapshotter:
             task.estimated_rows = estimate_rows(admin, task.table)
         if not task.bounded and task.keys is None:
             task.until, task.bounded = reader.max_key(shape), True
+            self._split(task, reader, shape)
         t0, rows0 = time.monotonic(), task.rows
         last_raise = 0.0
         while not should_stop():
-            read = reader.read_page(shape, encoders, task, page, self.page_rows, self.src.snapshot.page_bytes)
+            read = reader.read_page(shape, encoders, task, page, self.page_rows, self.src.snapshot.page_bytes, compiled)
             # A page cut by its byte budget has rows after it, a re-read of listed keys too: the
             # next page reads on after its last key.
             more = read.cut or (task.keys is None and task.until is not None and len(read.rows) >= self.page_rows)
@@ -288,7 +387,7 @@ class Snapshotter:
             task.rows_per_s = (task.rows - rows0) / elapsed if elapsed > 0 else None
             if not is_last and time.monotonic() - last_raise >= POSITION_INTERVAL_S:
                 # Pages are durable already (a resume asks bronze); the row only lets the safe bound pass.
-                self._raise_all(hw)
+                self._raise(task, hw)
                 last_raise = time.monotonic()
             if self.progress is not None:
                 left = f", ~{max(0, task.estimated_rows - task.rows):,} left" if task.estimated_rows is not None else ""
@@ -312,12 +411,18 @@ class Snapshotter:
             page += 1
         return False
 
-    def _raise_all(self, hw: int) -> None:
-        """Every snapshot writer of this source is at or past `hw`: its next page's watermark is later."""
-        for t in self.tasks:
-            t.durable_lsn = max(t.durable_lsn, hw)
-        if self.tasks:
-            self.writer.raise_positions([(t.position(self.src.name), t.started_at) for t in self.tasks])
+    def _raise(self, task: SnapshotTask, hw: int) -> None:
+        """`task`'s page at `hw` is durable: raise it, and the snapshots not started yet, to `hw`.
+
+        A snapshot running beside it is not raised: it may have a page at a lower watermark that
+        is not in bronze yet. One not started emits every watermark after this one.
+        """
+        with self._lock:
+            task.durable_lsn = max(task.durable_lsn, hw)
+            queued = [t for t in self.tasks if not t.claimed]
+            for t in queued:
+                t.durable_lsn = max(t.durable_lsn, hw)
+            self.writer.raise_positions([(t.position(self.src.name), t.started_at) for t in [task, *queued]])
 
     def _drop(self, task: SnapshotTask, refusal: str) -> None:
         """Remove a request that cannot be performed: a `run` goes on without it, the log says why.
@@ -334,12 +439,13 @@ class Snapshotter:
         )
 
     def _retire(self, task: SnapshotTask, hw: int = 0) -> None:
-        queued = [t for t in self.tasks if t is not task]
-        for t in queued:
-            t.durable_lsn = max(t.durable_lsn, hw)
-        if queued:  # they wait behind this one: they must not hold the safe bound back meanwhile
-            self.writer.raise_positions([(t.position(self.src.name), t.started_at) for t in queued])
-        self.writer.remove_writer(self.src.name, task.writer_id)
+        with self._lock:
+            queued = [t for t in self.tasks if not t.claimed]
+            for t in queued:
+                t.durable_lsn = max(t.durable_lsn, hw)
+            if queued:  # they wait behind this one: they must not hold the safe bound back meanwhile
+                self.writer.raise_positions([(t.position(self.src.name), t.started_at) for t in queued])
+            self.writer.remove_writer(self.src.name, task.writer_id)
         if self.progress is not None:
             self.progress.note = ""
         faults.hit("snapshot_after_retire")

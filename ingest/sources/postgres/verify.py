@@ -16,7 +16,6 @@ masking): the record JSON on both sides is ingest's.
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Iterator, Sequence
 
@@ -33,6 +32,7 @@ from ingest.positions import SourcePositions
 from ingest.sources.postgres import native
 from ingest.sources.postgres.admin import PostgresAdmin
 from ingest.sources.postgres.catalog import captured_shape, table_shape
+from ingest.sources.postgres.copy_text import copy_values
 from ingest.sources.postgres.pages import page_encoders
 from ingest.sources.postgres.replication import connect_value_session
 from ingest.sources.postgres.rows import encode_key, encode_record, json_keys
@@ -141,11 +141,7 @@ class VerifySnapshot:
 
         def python_rows(lines: bytes) -> list[Row]:
             # The path that names a value that does not map (encode_record raises, as for a page).
-            batch = []
-            for line in lines[:-1].split(b"\n"):
-                values = [None if f == b"\\N" else _copy_unescape(f) for f in line.split(b"\t")]
-                batch.append(python_row(values))
-            return batch
+            return [python_row(values) for values in copy_values(lines)]
 
         def copy_rows() -> Iterator[list[Row]]:
             # COPY's text rows, encoded by the compiled decoder FETCH_ROWS at a time: a fifth of
@@ -184,26 +180,6 @@ class VerifySnapshot:
             self._exec(b"close " + name)
 
         return copy_rows if compiled is not None else scan_rows
-
-
-_COPY_ESCAPE = re.compile(rb"\\(?:([0-7]{1,3})|x([0-9a-fA-F]{1,2})|(.))", re.DOTALL)
-_COPY_CHARS = {b"b": b"\b", b"f": b"\f", b"n": b"\n", b"r": b"\r", b"t": b"\t", b"v": b"\v"}
-
-
-def _copy_unescape(field: bytes) -> bytes:
-    """A COPY text-format field's value: its backslash escapes resolved (COPY's rules)."""
-    if b"\\" not in field:
-        return field
-
-    def one(m: re.Match[bytes]) -> bytes:
-        octal, hexa, char = m.groups()
-        if octal is not None:
-            return bytes([int(octal, 8) & 0xFF])
-        if hexa is not None:
-            return bytes([int(hexa, 16)])
-        return _COPY_CHARS.get(char, char)
-
-    return _COPY_ESCAPE.sub(one, field)
 
 
 def invisible_commits(writer: BronzeWriter, source: str, snap: VerifySnapshot) -> list[int]:

@@ -1,0 +1,128 @@
+"""Benchmark: snapshot throughput while streaming, against `COPY table TO STDOUT` read by one client.
+
+A table of N rows (default 2M: id bigint key, an md5 text, an int) under a steady write load
+(default 2k row changes/s from a separate process, bench/snapshot_lag.py's). In the same run:
+  - COPY: `psql -c "copy <table> to stdout" > /dev/null`, one client reading every row into nothing;
+  - snapshot: a fresh source's stream starts and snapshots the table beside it (`snapshot.max_parallel`
+    from --max-parallel, key ranges when the table is larger than --split-rows), until every
+    snapshot writer retired.
+Prints both rows/s and the ratio snapshot/COPY (the goal: >= 0.5).
+
+Usage: .venv/bin/python bench/snapshot_throughput.py [--rows 2000000] [--rate 2000] [--max-parallel 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from snapshot_lag import dsn, load  # noqa: E402
+
+from ingest.bronze.writer import BronzeWriter  # noqa: E402
+from ingest.config import BatchConfig, PostgresSource, SnapshotSettings  # noqa: E402
+from ingest.events import WriterKind  # noqa: E402
+from ingest.progress import Progress  # noqa: E402
+from ingest.sources.postgres.admin import prepare_source  # noqa: E402
+from ingest.sources.postgres.capture import PostgresCapture  # noqa: E402
+from tests.helpers.pg import drop_slot  # noqa: E402
+
+
+def copy_seconds(d: str, table: str) -> float:
+    """Seconds psql takes to COPY the whole table to /dev/null."""
+    t0 = time.monotonic()
+    with open("/dev/null", "wb") as null:
+        subprocess.run(["psql", d, "-qAt", "-c", f"copy {table} to stdout"], stdout=null, check=True)
+    return time.monotonic() - t0
+
+
+def snapshot_seconds(d: str, table: str, settings: SnapshotSettings) -> float:
+    """Seconds from a fresh source's start until its snapshot of `table` completed, stream running."""
+    src = PostgresSource(
+        kind="postgres", name=f"bench_tp_{secrets.token_hex(3)}", dsn=d, tables=[table], snapshot=settings
+    )
+    prepare_source(src).close()
+    wh = Path(tempfile.mkdtemp(prefix="snaptp-"))
+    writer = BronzeWriter(wh)
+    stop = threading.Event()
+    cap = PostgresCapture(src, BatchConfig(), writer, Progress(src.name, enabled=False), snapshots=True)
+    t0 = time.monotonic()
+    thread = threading.Thread(target=cap.run, args=(False, stop.is_set), daemon=True)
+    thread.start()
+    try:
+        while True:
+            time.sleep(0.1)
+            if not thread.is_alive():
+                raise SystemExit("the run stopped before the snapshot completed")
+            if not cap.snapshotter.completed:
+                continue
+            running = [p for p, _ in writer.positions(src.name) if p.writer_kind is WriterKind.SNAPSHOT]
+            if not running:
+                return time.monotonic() - t0
+    finally:
+        stop.set()
+        thread.join(timeout=120)
+        with psycopg.connect(d, autocommit=True) as c:
+            drop_slot(c, src.slot_name)
+            c.execute(f"drop publication if exists {src.publication_name}")
+        shutil.rmtree(wh, ignore_errors=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=2_000_000)
+    ap.add_argument("--rate", type=int, default=2000, help="row changes per second during the snapshot")
+    ap.add_argument("--page-rows", type=int, default=10_000)
+    ap.add_argument("--max-parallel", type=int, default=SnapshotSettings().max_parallel)
+    ap.add_argument("--split-rows", type=int, default=SnapshotSettings().split_rows)
+    args = ap.parse_args()
+    d = dsn()
+    schema = f"bench_tp_{secrets.token_hex(3)}"
+    table = f"{schema}.items"
+    with psycopg.connect(d, autocommit=True) as c:
+        c.execute(f"create schema {schema}")
+        c.execute(f"create table {table} (id bigint primary key, v text, n int not null default 0)")
+        c.execute(f"insert into {table} select g, md5(g::text), 0 from generate_series(1, {args.rows}) g")
+        c.execute(f"vacuum analyze {table}")
+    settings = SnapshotSettings(page_rows=args.page_rows, max_parallel=args.max_parallel, split_rows=args.split_rows)
+    try:
+        copy_seconds(d, table)  # warm the table into the page cache for both
+        copy_s = copy_seconds(d, table)
+        ctx = mp.get_context("spawn")
+        stop, rate = ctx.Event(), ctx.Value("d", 0.0)
+        gen = ctx.Process(target=load, args=(d, table, args.rows, args.rate, stop, rate))
+        gen.start()
+        time.sleep(2)
+        try:
+            snap_s = snapshot_seconds(d, table, settings)
+        finally:
+            stop.set()
+            gen.join()
+    finally:
+        with psycopg.connect(d, autocommit=True) as c:
+            c.execute(f"drop schema {schema} cascade")
+    copy_rate, snap_rate = args.rows / copy_s, args.rows / snap_s
+    print(
+        f"table {args.rows:,} rows, pages of {args.page_rows:,} rows, max_parallel {args.max_parallel}, "
+        f"load {rate.value:,.0f} row changes/s during the snapshot"
+    )
+    print(f"COPY to /dev/null (psql, one client): {copy_s:6.1f} s, {copy_rate:,.0f} rows/s")
+    print(f"snapshot while streaming:             {snap_s:6.1f} s, {snap_rate:,.0f} rows/s")
+    print(f"ratio snapshot/COPY: {snap_rate / copy_rate:.2f} (goal >= 0.5)")
+
+
+if __name__ == "__main__":
+    main()
