@@ -72,6 +72,15 @@ def load(dsn_: str, table: str, rows: int, rate: int, stop: Any, done: Any) -> N
     done.value = n * per_txn / (time.monotonic() - t0)
 
 
+def create_items(d: str, schema: str, rows: int) -> None:
+    """`schema`.items: `rows` rows of (id bigint key, an md5 text, an int), vacuumed and analyzed."""
+    with psycopg.connect(d, autocommit=True) as c:
+        c.execute(f"create schema {schema}")
+        c.execute(f"create table {schema}.items (id bigint primary key, v text, n int not null default 0)")
+        c.execute(f"insert into {schema}.items select g, md5(g::text), 0 from generate_series(1, {rows}) g")
+        c.execute(f"vacuum analyze {schema}.items")
+
+
 def slot_lag(conn: psycopg.Connection[Any], slot: str) -> tuple[int, int, int]:
     row = conn.execute(
         "select pg_current_wal_lsn()::text, confirmed_flush_lsn::text from pg_replication_slots where slot_name = %s",
@@ -150,11 +159,7 @@ def main() -> None:
     args = ap.parse_args()
     d = dsn()
     schema = f"bench_snap_{secrets.token_hex(3)}"
-    with psycopg.connect(d, autocommit=True) as c:
-        c.execute(f"create schema {schema}")
-        c.execute(f"create table {schema}.items (id bigint primary key, v text, n int not null default 0)")
-        c.execute(f"insert into {schema}.items select g, md5(g::text), 0 from generate_series(1, {args.rows}) g")
-        c.execute(f"vacuum analyze {schema}.items")
+    create_items(d, schema, args.rows)
     results = {}
     try:
         for mode in ("a", "b"):

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from snapshot_lag import dsn, load  # noqa: E402
+from snapshot_lag import create_items, dsn, load  # noqa: E402
 
 from ingest.bronze.writer import BronzeWriter  # noqa: E402
 from ingest.config import BatchConfig, PostgresSource, SnapshotSettings  # noqa: E402
@@ -92,11 +92,7 @@ def main() -> None:
     d = dsn()
     schema = f"bench_tp_{secrets.token_hex(3)}"
     table = f"{schema}.items"
-    with psycopg.connect(d, autocommit=True) as c:
-        c.execute(f"create schema {schema}")
-        c.execute(f"create table {table} (id bigint primary key, v text, n int not null default 0)")
-        c.execute(f"insert into {table} select g, md5(g::text), 0 from generate_series(1, {args.rows}) g")
-        c.execute(f"vacuum analyze {table}")
+    create_items(d, schema, args.rows)
     settings = SnapshotSettings(page_rows=args.page_rows, max_parallel=args.max_parallel, split_rows=args.split_rows)
     try:
         copy_seconds(d, table)  # warm the table into the page cache for both

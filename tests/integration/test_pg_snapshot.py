@@ -164,7 +164,9 @@ def test_snapshot_races_and_concurrent_load_reproduce_the_source(
         races.execute(f"insert into {t} select g, 'v' || g from generate_series(1, 25) g")
     prepare(races.config())
     hook = Races(pg_dsn, races.schema)
-    capture_once(warehouse, races.config(), snapshots=True, page_rows=10, snapshot_hook=hook)
+    # The hooks share one session (held_t's transaction stays open across its read): one snapshot at a time.
+    serial = races.config(snapshot={"max_parallel": 1})
+    capture_once(warehouse, serial, snapshots=True, page_rows=10, snapshot_hook=hook)
     assert len(hook.fired) == 7, hook.fired
     held = [p for p in pages(warehouse, races.name) if p.table_name == "held_t" and p.page_number == 0]
     # The race really happened: the held transaction was in progress for the page's snapshot ...

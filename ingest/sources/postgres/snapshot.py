@@ -154,10 +154,12 @@ class Snapshotter:
     # -- registration ----------------------------------------------------------------------
     def load(self) -> list[SnapshotTask]:
         """Pick up the source's snapshot writers from bronze (unfinished or requested ones)."""
-        known = {t.writer_id for t in self.tasks}
-        for pos, _updated in self.writer.positions(self.src.name):
-            if pos.writer_kind is WriterKind.SNAPSHOT and pos.writer_id not in known:
-                self.tasks.append(SnapshotTask.from_position(pos, datetime.now(UTC)))
+        rows = [pos for pos, _ in self.writer.positions(self.src.name) if pos.writer_kind is WriterKind.SNAPSHOT]
+        with self._lock:  # a snapshot thread may have retired one of these rows since they were read
+            known = {t.writer_id for t in [*self.tasks, *self.completed]}
+            self.tasks.extend(
+                SnapshotTask.from_position(p, datetime.now(UTC)) for p in rows if p.writer_id not in known
+            )
         return self.tasks
 
     def _start_lsn(self, current_lsn: Callable[[], int]) -> int:
@@ -184,7 +186,8 @@ class Snapshotter:
             for i, t in enumerate(tables)
         ]
         self.writer.raise_positions([(t.position(self.src.name), t.started_at) for t in new])
-        self.tasks.extend(new)
+        with self._lock:
+            self.tasks.extend(new)
         for t in new:
             log.info("snapshot requested source=%s table=%s snapshot_id=%s", self.src.name, t.table, t.snapshot_id)
         return new
