@@ -1,10 +1,17 @@
-{{ config(materialized='incremental', incremental_strategy='append') }}
+{{
+    config(
+        materialized='changelake_incremental',
+        incremental_strategy='append',
+        skip_when='inputs_unchanged',
+    )
+}}
 
 -- One row per source per dbt run that built it: silver is complete through the source's loaded
 -- safe bound (every change committed at or below it is in silver, none above it is), with the commit
 -- time of the last change at or below it and the latest `changelake-ingest verify` result. Appended,
--- so the rows of earlier runs stay as their certificates. A run that loaded no bound (loaded_bounds
--- empty: only part of silver selected) certifies nothing.
+-- so the rows of earlier runs stay as their certificates; a run in which none of its inputs got a
+-- Delta commit (nothing loaded, no new verify) adds nothing and starts no Spark job (skip_when). A
+-- run that loaded no bound (loaded_bounds empty: only part of silver selected) certifies nothing.
 
 with
 
