@@ -9,7 +9,7 @@ import os
 import sys
 from functools import partial
 
-from ingest.config import Config, load_config
+from ingest.config import Config, config_summary, load_config
 from ingest.errors import (
     BronzeUnavailableError,
     ConfigError,
@@ -93,6 +93,8 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--range-rows", type=int, default=1000, metavar="N", help="rows per checksum range (default 1000)")
     v.add_argument("--max-keys", type=int, default=100, metavar="N", help="keys listed per kind (default 100)")
     v.add_argument("--no-progress", action="store_true", help="no rows/s lines on stderr")
+    cf = sub.add_parser("config", help="check the config without touching a source, or print its JSON Schema")
+    cf.add_argument("action", choices=("check", "schema"))
     g = sub.add_parser("gold", help="dbt gold models for the captured tables (docs/dbt.md)")
     gs = g.add_subparsers(dest="gold_command", required=True)
     gg = gs.add_parser("generate", help="write one typed model (.sql + .yml) per table of silver table_columns")
@@ -134,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure(level, args.log_format or "text")
     from ingest import app
 
+    if args.command == "config" and args.action == "schema":  # needs no config file
+        print(json.dumps(Config.model_json_schema(), indent=2))
+        return 0
     try:
         cfg = load_config(args.config)
         logs.configure(level, args.log_format or cfg.log.format, logs.secrets_of(cfg))
@@ -159,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
             from ingest import gold
 
             for line in gold.generate(cfg, Path(args.out), args.source, args.table_columns, not args.no_comments):
+                print(line)
+        elif args.command == "config":
+            for line in config_summary(cfg):
                 print(line)
         elif args.command == "status":
             for st in app.status(cfg, args.source):

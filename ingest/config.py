@@ -10,10 +10,11 @@ from typing import Annotated, Any, Literal
 import psycopg
 import yaml
 from psycopg.conninfo import conninfo_to_dict
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from ingest.errors import ConfigError
 from ingest.masking import SourceMasks
+from ingest.selection import Selection
 
 DEFAULT_WAREHOUSE = "./warehouse"
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -261,7 +262,12 @@ def check_postgres_dsn(dsn: str) -> str:
 
 
 class PostgresSource(_MaskedSource):
-    """A Postgres source: a pgoutput slot over a publication of the listed tables.
+    """A Postgres source: a pgoutput slot over a publication of the selected tables.
+
+    `tables` lists names and patterns (`public.orders`, `public.*`, `tenant_*.orders`; see
+    ingest/selection.py), `exclude` patterns to leave out. A pattern's matches are resolved against
+    the catalog at start and, in a continuous run, every `new_tables_check_seconds`: a table that
+    comes into scope is published and snapshotted without a restart (docs/postgres.md).
 
     `on_history_lost`: what a slot that no longer continues where bronze left off does (it was
     invalidated, dropped and recreated, or advanced by someone else: the changes in between are
@@ -277,8 +283,11 @@ class PostgresSource(_MaskedSource):
     kind: Literal["postgres"]
     name: str
     dsn: str
-    # `schema.table`, or `{name: schema.table, exclude_columns: [...], mask_columns: [...]}`.
-    tables: list[str]
+    # `schema.table`, a pattern, or `{name: schema.table, exclude_columns: [...], mask_columns: [...]}`.
+    selectors: list[str] = Field(alias="tables")
+    exclude: list[str] = Field(default_factory=list)
+    # How often a continuous run looks for tables that came into (or left) the patterns' scope.
+    new_tables_check_seconds: Annotated[float, Field(gt=0)] = 10.0
     slot: str | None = None
     publication: str | None = None
     create_publication: bool = True
@@ -286,6 +295,9 @@ class PostgresSource(_MaskedSource):
     snapshot: SnapshotSettings = Field(default_factory=SnapshotSettings)
     on_history_lost: Literal["fail", "resnapshot"] = "fail"
     non_utf8: Literal["error", "replace", "latin1"] = "error"
+    # The tables the selection resolved to (set_tables); until resolved, the named entries.
+    _resolved: tuple[str, ...] | None = PrivateAttr(default=None)
+    _selection: tuple[tuple[tuple[str, ...], tuple[str, ...]], Selection] | None = PrivateAttr(default=None)
 
     @field_validator("name")
     @classmethod
@@ -299,14 +311,14 @@ class PostgresSource(_MaskedSource):
     def _dsn_parses(cls, v: str) -> str:
         return check_postgres_dsn(v)
 
-    @field_validator("tables")
+    @field_validator("selectors")
     @classmethod
     def _tables_are_qualified(cls, v: list[str]) -> list[str]:
         if not v:
-            raise ValueError("list at least one table as schema.table")
-        for t in v:
-            if t.count(".") != 1 or not all(t.split(".")):
-                raise ValueError(f"{t!r} is not schema.table")
+            raise ValueError("list at least one table as schema.table (or a pattern such as public.*)")
+        Selection.parse(v, (), 2)
+        if len(set(v)) != len(v):
+            raise ValueError("a table is listed twice")
         return v
 
     @model_validator(mode="before")
@@ -316,10 +328,36 @@ class PostgresSource(_MaskedSource):
 
     @model_validator(mode="after")
     def _columns_of_captured_tables(self) -> PostgresSource:
-        unknown = sorted(set(self.columns) - set(self.tables))
+        try:
+            selection = Selection.parse(self.selectors, self.exclude, 2)
+        except ValueError as e:
+            raise ValueError(f"exclude: {e}") from None
+        unknown = sorted(t for t in self.columns if t.count(".") != 1 or not selection.matches(t.split(".", 1)))
         if unknown:
-            raise ValueError(f"columns: {', '.join(unknown)} is not one of the source's tables")
+            raise ValueError(f"columns: {', '.join(unknown)} is not one of the source's tables (nor matched by them)")
+        self._selection = ((tuple(self.selectors), tuple(self.exclude)), selection)
         return self
+
+    @property
+    def selection(self) -> Selection:
+        """The parsed `tables` and `exclude` entries."""
+        entries = (tuple(self.selectors), tuple(self.exclude))
+        if self._selection is None or self._selection[0] != entries:  # model_copy keeps private attributes
+            self._selection = (entries, Selection.parse(self.selectors, self.exclude, 2))
+        return self._selection[1]
+
+    @property
+    def tables(self) -> list[str]:
+        """The captured tables as `schema.table`: the selection as last resolved, else its named entries."""
+        return list(self._resolved) if self._resolved is not None else self.selection.named
+
+    def set_tables(self, tables: tuple[str, ...]) -> None:
+        """Record what the selection resolves to now (at start, and as tables come into or leave scope).
+
+        Every part of a run reads the source's tables through this one object (stream, snapshots,
+        re-reads), so a table picked up while running is seen by all of them at once.
+        """
+        self._resolved = tables
 
     @property
     def slot_name(self) -> str:
@@ -530,3 +568,20 @@ def load_config(path: str | Path) -> Config:
     except OSError as e:
         raise ConfigError(f"cannot read config {p}: {e.strerror}") from None
     return parse_config(text, str(p))
+
+
+def config_summary(cfg: Config) -> list[str]:
+    """`config check`: what a validated config captures, read from the file alone (no source is contacted).
+
+    Patterns are shown as given: what they match is the catalog's to say (`discover`, or the log at start).
+    """
+    lines = [f"config valid: warehouse {cfg.warehouse_uri}, {len(cfg.sources)} source(s)"]
+    for s in cfg.sources:
+        if isinstance(s, PostgresSource):
+            what = f"tables {', '.join(s.selectors)}" + (f" excluding {', '.join(s.exclude)}" if s.exclude else "")
+            where = f"publication {s.publication_name}, slot {s.slot_name}"
+        else:
+            what = f"collections {', '.join(s.collections)}" if s.collections is not None else "every collection"
+            where = f"database {s.database}"
+        lines.append(f"  {s.name} ({s.kind}): {what}; {where}")
+    return lines

@@ -33,7 +33,7 @@ def test_wrong_password_is_named_without_the_secret(make_source: Any) -> None:
 
 def test_missing_table_is_named(make_source: Any) -> None:
     s = make_source(ITEMS, ["items"])
-    cfg = s.config().model_copy(update={"tables": [f"{s.schema}.items", f"{s.schema}.nope"]})
+    cfg = s.config().model_copy(update={"selectors": [f"{s.schema}.items", f"{s.schema}.nope"]})
     with pytest.raises(SourceError, match=rf"{s.schema}\.nope does not exist"):
         prepare(cfg)
 

@@ -90,7 +90,7 @@ def test_verify_says_why_it_could_not_compare(warehouse: Path, make_source: Any)
     s.execute(f"insert into {keyed} select g, 'v' || g from generate_series(1, 50) g")
     src = s.config(snapshot={"initial": False})
     prepare(src)
-    only_keyed = s.config().model_copy(update={"tables": [keyed]})
+    only_keyed = s.config().model_copy(update={"selectors": [keyed]})
     capture_once(warehouse, only_keyed, snapshots=True)
     writer = BronzeWriter(warehouse)
 

@@ -11,6 +11,7 @@ from ingest.events import int_to_lsn
 from ingest.progress import Progress
 from ingest.sources.postgres.admin import PostgresAdmin, prepare_source
 from ingest.sources.postgres.capture import PostgresCapture
+from ingest.sources.postgres.scope import resolve_scope
 from ingest.sources.postgres.snapshot import request_snapshot
 
 if TYPE_CHECKING:
@@ -55,12 +56,22 @@ class PostgresAdapter:
             lines.append(f"{self.name}: snapshot of {task.table} completed, {task.rows:,} rows in {task.pages} pages")
         return lines
 
+    def _in_scope(self) -> None:
+        """Resolve a selection with patterns against the catalog now: the source's tables are those in scope."""
+        if self.src.selection.has_patterns:
+            admin = PostgresAdmin(self.src)
+            try:
+                self.src.set_tables(resolve_scope(admin).tables)
+            finally:
+                admin.close()
+
     def captures(self, table: str) -> bool:
-        """Whether `schema.table` is one of the configured tables."""
-        return table in self.src.tables
+        """Whether `schema.table` is one of the configured tables, or matched by the selection's patterns."""
+        return table in self.src.tables or (table.count(".") == 1 and self.src.selection.matches(table.split(".")))
 
     def request_snapshot(self, writer: BronzeWriter, table: str) -> tuple[str, int]:
         """Register a snapshot writer for `table` at the safe bound; its id and start."""
+        self._in_scope()
         task = request_snapshot(self.src, writer, table)
         return task.writer_id, task.durable_lsn
 
@@ -87,7 +98,8 @@ class PostgresAdapter:
         return int_to_lsn(position)
 
     def captured_tables(self) -> list[str]:
-        """The configured tables."""
+        """The configured tables, the patterns' matches as of now."""
+        self._in_scope()
         return list(self.src.tables)
 
     def verify(
@@ -103,4 +115,5 @@ class PostgresAdapter:
         """Compare the tables with silver in one snapshot; `run_id` is the content of the message it commits."""
         from ingest.sources.postgres.verify import verify_tables
 
+        self._in_scope()
         return verify_tables(self.src, writer, tables, wait_s, range_rows, max_keys, show_progress, run_id)

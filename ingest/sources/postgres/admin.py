@@ -28,6 +28,7 @@ from ingest.sources.postgres.replication import (
     safe_dsn,
     session_conninfo,
 )
+from ingest.sources.postgres.scope import adopt_scope, publication_members, publish_after_writers
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,8 @@ HEARTBEAT_PREFIX = "changelake.heartbeat"
 FAILOVER_SLOTS_VERSION = 170000  # server_version_num of the first release with failover slots
 MIN_SERVER_VERSION = 140000  # the first release whose pgoutput sends logical messages
 DRAIN_PREFIX = "changelake.drain"
+# How long a start waits for the writers of a table it adds to the publication (scope.py).
+START_LOCK_TIMEOUT = "10s"
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,35 +197,44 @@ class PostgresAdmin:
         one) can be neither excluded nor masked (ConfigError, before anything is changed), and a
         rule naming a column the table does not have is refused (SourceError: it would mask nothing).
         """
-        masks = self.src.masks()
+        named = set(self.src.selection.named)
         for qualified in self.src.tables:
-            schema, table = qualified.split(".")
-            row = self._one(
-                "select c.relreplident, exists(select 1 from pg_index i where i.indrelid = c.oid and i.indisprimary), "
-                "exists(select 1 from pg_index i where i.indrelid = c.oid and i.indisprimary and not i.indimmediate) "
-                "from pg_class c join pg_namespace n on n.oid = c.relnamespace "
-                "where n.nspname = %s and c.relname = %s and c.relkind in ('r', 'p')",
-                (schema, table),
+            try:
+                self.check_table(qualified)
+            except SourceError as e:
+                if qualified in named:
+                    raise
+                raise SourceError(f"{e} (selected by a pattern: list it under `exclude` to leave it out)") from None
+
+    def check_table(self, qualified: str) -> None:
+        """One table of check_tables: it exists, can be keyed, and its column rules fit it."""
+        schema, table = qualified.split(".")
+        row = self._one(
+            "select c.relreplident, exists(select 1 from pg_index i where i.indrelid = c.oid and i.indisprimary), "
+            "exists(select 1 from pg_index i where i.indrelid = c.oid and i.indisprimary and not i.indimmediate) "
+            "from pg_class c join pg_namespace n on n.oid = c.relnamespace "
+            "where n.nspname = %s and c.relname = %s and c.relkind in ('r', 'p')",
+            (schema, table),
+        )
+        if row is None:
+            self._tombstone_gone(qualified)
+            raise SourceError(
+                f"source {self.src.name!r}: configured table {qualified} does not exist (dropped or renamed?). "
+                "If it was captured, the stream tombstones its records in silver once it reaches this point "
+                "of the WAL. Remove it from `tables`, or list it under its new name (snapshotted then)."
             )
-            if row is None:
-                self._tombstone_gone(qualified)
-                raise SourceError(
-                    f"source {self.src.name!r}: configured table {qualified} does not exist (dropped or renamed?). "
-                    "If it was captured, the stream tombstones its records in silver once it reaches this point "
-                    "of the WAL. Remove it from `tables`, or list it under its new name (snapshotted then)."
-                )
-            replident, has_pk, pk_deferrable = row
-            self._check_identity(qualified, str(replident), bool(has_pk), bool(pk_deferrable))
-            mask = masks.table(qualified)
-            if mask is not None:
-                mask.check_names(qualified, table_columns(self, qualified).columns, self.src.name)
-                ident = sql.Identifier(schema, table).as_string(self.conn)
-                oid = self._one("select %s::regclass::oid::bigint", (ident,))
-                assert oid is not None
-                key = self.record_key(int(str(oid[0])))
-                if not key:
-                    key = [str(r[0]) for r in self._all_columns(schema, table)]
-                mask.check_key(qualified, key, self.src.name)
+        replident, has_pk, pk_deferrable = row
+        self._check_identity(qualified, str(replident), bool(has_pk), bool(pk_deferrable))
+        mask = self.src.masks().table(qualified)
+        if mask is not None:
+            mask.check_names(qualified, table_columns(self, qualified).columns, self.src.name)
+            ident = sql.Identifier(schema, table).as_string(self.conn)
+            oid = self._one("select %s::regclass::oid::bigint", (ident,))
+            assert oid is not None
+            key = self.record_key(int(str(oid[0])))
+            if not key:
+                key = [str(r[0]) for r in self._all_columns(schema, table)]
+            mask.check_key(qualified, key, self.src.name)
 
     def _tombstone_gone(self, qualified: str) -> None:
         """Have the stream truncate `qualified`'s records at this point of the WAL (review W12).
@@ -251,7 +263,7 @@ class PostgresAdmin:
         """Create the publication for the configured tables, or add tables missing from it.
 
         With `create_publication` a table it names that left the config is dropped from it
-        (`_drop_unconfigured`).
+        (`drop_unconfigured`).
 
         Partitioned tables are captured as their root (DESIGN §7.7): the publication publishes
         through the partition root, so a change in any partition arrives under the root's name
@@ -296,23 +308,18 @@ class PostgresAdmin:
                 raise SourceError(f"source {self.src.name!r}: cannot create publication {name!r}: {e}") from None
             return
         (via_root,) = row
-        with self.conn.cursor() as cur:
-            cur.execute(
-                "select n.nspname || '.' || c.relname from pg_publication p "
-                "join pg_publication_rel r on r.prpubid = p.oid join pg_class c on c.oid = r.prrelid "
-                "join pg_namespace n on n.oid = c.relnamespace where p.pubname = %s "
-                "union select schemaname || '.' || tablename from pg_publication_tables where pubname = %s",
-                (name, name),
-            )
-            have = {r[0] for r in cur.fetchall()}
-        self._drop_unconfigured(name)
+        have = publication_members(self)
+        self.drop_unconfigured()
         missing = [t for t in self.src.tables if t not in have]
         if missing and self.src.create_publication:
-            self.conn.execute(
-                sql.SQL("alter publication {} add table {}").format(
-                    sql.Identifier(name), sql.SQL(", ").join(specs[t] for t in missing)
-                )
-            )
+            try:
+                publish_after_writers(self, {t: specs[t] for t in missing}, START_LOCK_TIMEOUT)
+            except psycopg.errors.LockNotAvailable:
+                raise SourceUnavailableError(
+                    f"source {self.src.name!r}: a transaction writing to {', '.join(missing)} stayed open for "
+                    f"{START_LOCK_TIMEOUT}: the table is published once its writers have ended (so none of their "
+                    "rows is missed); trying again"
+                ) from None
         elif missing:
             raise SourceError(f"source {self.src.name!r}: publication {name!r} lacks tables {', '.join(missing)}")
         partitioned = self.partitioned_tables()
@@ -328,7 +335,7 @@ class PostgresAdmin:
             )
         sync_column_lists(self)
 
-    def _drop_unconfigured(self, name: str) -> None:
+    def drop_unconfigured(self) -> None:
         """With `create_publication`, drop from the publication the tables it names that left the config.
 
         A table removed from `tables` (and so from its column rules) that stayed published would go
@@ -338,6 +345,7 @@ class PostgresAdmin:
         """
         if not self.src.create_publication:
             return
+        name = self.src.publication_name
         with self.conn.cursor() as cur:
             cur.execute(
                 "select n.nspname, c.relname from pg_publication p join pg_publication_rel r on r.prpubid = p.oid "
@@ -549,6 +557,7 @@ def prepare_source(src: PostgresSource) -> PostgresAdmin:
     admin = PostgresAdmin(src)
     try:
         admin.check_server()
+        adopt_scope(admin)
         admin.check_tables()
         admin.ensure_publication()
         admin.check_published_tables()

@@ -33,6 +33,7 @@ from ingest.sources.postgres.pages import Hook
 from ingest.sources.postgres.published import publish_again
 from ingest.sources.postgres.replication import Keepalive, ReplicationStream, XLogData, application_name
 from ingest.sources.postgres.schema_changes import relation_now, resnapshot_reason
+from ingest.sources.postgres.scope import ScopeWatch
 from ingest.sources.postgres.snapshot import Snapshotter, cannot_snapshot
 
 log = logging.getLogger(__name__)
@@ -311,6 +312,27 @@ class PostgresCapture:
                 shapes.append(now)
         return shapes
 
+    def _follow_scope(self, admin: PostgresAdmin, watch: ScopeWatch, builder: ChangeBuilder) -> bool:
+        """Capture the tables that came into the selection's scope; stop capturing those that left (scope.py).
+
+        A new table is published before anything else, so its changes from then on are streamed;
+        its snapshot (requested after) reads every row committed before, placed as any snapshot
+        is. A table the publication sent already (a schema-wide or all-tables publication) has its
+        cached relation replaced by the catalog's, so its next change is written, not skipped.
+        Whether any table came in.
+        """
+        came, _left = watch.check()
+        for table in came:
+            if table in builder.uncaptured:
+                builder.uncaptured.pop(table)
+                msg = relation_now(admin, table)
+                if msg is not None:
+                    builder.feed(msg)
+        wanted = [t for t in came if cannot_snapshot(admin, t) is None]
+        if self.snapshots and self.src.snapshot.initial and wanted:
+            self.snapshotter.request(wanted, lambda: admin.slot_health().current_wal_lsn)
+        return bool(came)
+
     def run(self, once: bool, should_stop: Callable[[], bool]) -> None:
         """Capture until `should_stop()` (or, with `once`, until the source's current position)."""
         admin = prepare_source(self.src)
@@ -439,6 +461,8 @@ class PostgresCapture:
         burst = 0  # XLogData messages handled since the last bookkeeping
         now = time.monotonic()
         next_shape_check = now + SHAPE_CHECK_INTERVAL_S
+        watch = ScopeWatch(admin) if self.src.selection.has_patterns and not once else None
+        next_scope_check = now + self.src.new_tables_check_seconds
         while True:
             if burst == 0:
                 if should_stop():
@@ -449,6 +473,10 @@ class PostgresCapture:
                     if not once and now >= next_shape_check:
                         batcher.shapes.extend(self._record_shapes_now(admin, builder.catalog, last_shapes))
                         next_shape_check = now + SHAPE_CHECK_INTERVAL_S
+                if watch is not None and now >= next_scope_check and not builder.in_txn:
+                    if self._follow_scope(admin, watch, builder):
+                        next_shape_check = now  # record the new tables' shapes at the next turn
+                    next_scope_check = now + self.src.new_tables_check_seconds
                 if drain_token and not drain_emitted and (snapshots is None or snapshots.done):
                     admin.emit_message(DRAIN_PREFIX, drain_token)
                     drain_emitted = True

@@ -21,7 +21,6 @@ class PgCatalog:
         """Load pg_type once; reloaded when a type created later shows up."""
         self.admin = admin
         self.masks = admin.src.masks()
-        self.tables = frozenset(admin.src.tables)
         self.types = TypeCatalog.from_rows(admin.type_catalog_rows(TYPE_CATALOG_SQL))
         self._seen: set[int] = set()
         self._names: dict[tuple[int, int], str] = {}
@@ -38,7 +37,7 @@ class PgCatalog:
         and its last changes end in the tombstone check_tables leaves. With rules anywhere it is
         not: nothing says whether the dropped table was one with rules.
         """
-        if f"{schema}.{table}" in self.tables:
+        if f"{schema}.{table}" in self.admin.src.tables:  # read each time: tables come into scope while running
             return True
         if self.masks:
             return False
