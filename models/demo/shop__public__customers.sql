@@ -2,7 +2,7 @@
 -- typed_current_state(source, schema, table, [[source column, Spark type, gold column], ...])
 {{ config(materialized='view') }}
 
-{{ typed_current_state(
+{{ changelake.typed_current_state(
     "shop",
     "public",
     "customers",

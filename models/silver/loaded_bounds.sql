@@ -3,25 +3,35 @@
 -- depends_on: {{ ref('sequin_events') }}
 -- depends_on: {{ ref('snapshot_rows_placed') }}
 -- depends_on: {{ ref('consumer_records') }}
+-- depends_on: {{ ref('record_history') }}
 
 -- One row per source: the safe bound through which silver's incremental models have loaded
--- bronze, i.e. safe_bounds of the last run that built sequin_events, snapshot_rows_placed and
--- consumer_records, all three (built after them, so a failed run records nothing). A run whose
--- positions give no source a bound past this one, or only over logical messages, has nothing to
--- load (changelake_run_state): its incremental models start no Spark job. A run that selects only
--- some of the three leaves the table empty (nothing known loaded), so the next full run loads.
+-- bronze, i.e. safe_bounds of the last run that built every one of them (built after them, so a
+-- failed run records nothing). A run whose positions give no source a bound past this one, or
+-- only over logical messages, has nothing to load (changelake_run_state): the models skipped
+-- then (skip_when='nothing_new') start no Spark job. They are this table's loaders, found in the
+-- graph rather than listed here; each must be a depends_on above (an error otherwise), so this
+-- table is built after them. A run that selects only some of them leaves the table empty (nothing
+-- known loaded), so the next full run loads: a loader left out would otherwise skip, forever, the
+-- batch the others loaded.
 
-{%- set loaders = [
-    'model.changelake.sequin_events',
-    'model.changelake.snapshot_rows_placed',
-    'model.changelake.consumer_records',
-] %}
 {%- set loaded = namespace(all=true) %}
-{%- for loader in loaders %}
-    {%- if loader not in selected_resources %}
-        {%- set loaded.all = false %}
-    {%- endif %}
-{%- endfor %}
+{%- if execute %}
+    {%- for node in graph.nodes.values() %}
+        {%- if node.resource_type == 'model' and node.config.get('skip_when') == 'nothing_new' %}
+            {%- if node.unique_id not in model.depends_on.nodes %}
+                {{ exceptions.raise_compiler_error(
+                    "loaded_bounds: " ~ node.unique_id ~ " is skipped when nothing is new past the loaded "
+                    ~ "safe bound, so loaded_bounds must be built after it: add `-- depends_on: {{ ref('"
+                    ~ node.name ~ "') }}` to models/silver/loaded_bounds.sql"
+                ) }}
+            {%- endif %}
+            {%- if node.unique_id not in selected_resources %}
+                {%- set loaded.all = false %}
+            {%- endif %}
+        {%- endif %}
+    {%- endfor %}
+{%- endif %}
 
 with
 
