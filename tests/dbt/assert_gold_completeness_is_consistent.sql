@@ -6,13 +6,40 @@ with
 
 completeness as (
 
-    select * from {{ ref('completeness') }}
+    select
+        source,
+        run_id,
+        run_started_at,
+        complete_through_lsn,
+        complete_through_commit_at,
+        last_change_seq,
+        last_change_lsn,
+        last_verify_run_id,
+        last_verified_at,
+        last_verified_position,
+        verify_status,
+        tables_verified,
+        recorded_at
+    from {{ ref('completeness') }}
 
 ),
 
 final as (
 
-    select *
+    select
+        source,
+        run_id,
+        run_started_at,
+        complete_through_lsn,
+        complete_through_commit_at,
+        last_change_seq,
+        last_change_lsn,
+        last_verify_run_id,
+        last_verified_at,
+        last_verified_position,
+        verify_status,
+        tables_verified,
+        recorded_at
     from completeness
     where
         (last_change_seq is null) != (complete_through_commit_at is null)
