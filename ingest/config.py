@@ -28,7 +28,9 @@ _IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # A dumped config loads again: fields with an alias (a Postgres source's `tables`, held as
+    # `selectors`) are written under the key a config file uses, and either key is read.
+    model_config = ConfigDict(extra="forbid", frozen=True, serialize_by_alias=True, validate_by_name=True)
 
 
 MIB = 1 << 20

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from ingest.config import parse_config
 from ingest.errors import ConfigError
@@ -77,3 +78,14 @@ def test_warehouse_may_be_an_object_store_uri(monkeypatch: pytest.MonkeyPatch) -
     assert cfg.warehouse_uri == "s3://bucket/wh" and cfg.storage_options == {"AWS_REGION": "eu-west-1"}
     local = parse_config(GOOD.replace("${WH:-/tmp/wh}", "relative/wh"))
     assert local.warehouse_uri.startswith("/") and local.warehouse_uri.endswith("/relative/wh")
+
+
+def test_a_dumped_config_parses_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A source dumped to YAML (tools and tests write configs so) wrote `selectors`, which no config
+    reads: the key is `tables`."""
+    monkeypatch.setenv("SHOP_DSN", "postgresql://u@h/db")
+    cfg = parse_config(GOOD)
+    dumped = yaml.safe_dump({"warehouse": cfg.warehouse, "sources": [s.model_dump() for s in cfg.sources]})
+    assert "tables:" in dumped and "selectors" not in dumped
+    again = parse_config(dumped)
+    assert again.source("shop") == cfg.source("shop")
