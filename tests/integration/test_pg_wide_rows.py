@@ -145,7 +145,10 @@ def test_a_snapshot_of_wide_rows_reads_pages_within_the_byte_budget(warehouse: P
 
     rows = snapshot_pages(warehouse, s.name)
     check_pages(rows, list(range(len(widths))), MAX_BYTES)
-    assert len({r.page_number for r in rows}) == 5  # 6 wide, 6 wide, the widest alone, 40 narrow (count), the rest
+    # 6 wide, 6 wide, the widest alone, 40 narrow (count), the rest; pages after the first are read
+    # by COPY with a row limit set from the width the pages so far measured, which may end one
+    # more page early (docs/snapshots.md): never a page over the budget (check_pages).
+    assert len({r.page_number for r in rows}) in (5, 6)
     assert [digest(json.loads(r.record)["v"]) for r in rows] == [digest(value("s", i, w)) for i, w in enumerate(widths)]
 
 
