@@ -93,6 +93,14 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--range-rows", type=int, default=1000, metavar="N", help="rows per checksum range (default 1000)")
     v.add_argument("--max-keys", type=int, default=100, metavar="N", help="keys listed per kind (default 100)")
     v.add_argument("--no-progress", action="store_true", help="no rows/s lines on stderr")
+    d = sub.add_parser("discover", help="list the tables a source's selection takes, read-only (keys, sizes, refusals)")
+    d.add_argument("--source", help="only this source")
+    d.add_argument("--all", action="store_true", help="every table of the source, each saying if it is selected")
+    d.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON document (docs/configuration.md); exit 8 if a selected table is refused",
+    )
     cf = sub.add_parser("config", help="check the config without touching a source, or print its JSON Schema")
     cf.add_argument("action", choices=("check", "schema"))
     g = sub.add_parser("gold", help="dbt gold models for the captured tables (docs/dbt.md)")
@@ -165,6 +173,15 @@ def main(argv: list[str] | None = None) -> int:
 
             for line in gold.generate(cfg, Path(args.out), args.source, args.table_columns, not args.no_comments):
                 print(line)
+        elif args.command == "discover":
+            from ingest import discover
+
+            listings = discover.discover(cfg, args.source, args.all)
+            if args.json:
+                print(json.dumps({"sources": [x.document() for x in listings]}, indent=2))
+            else:
+                print("\n".join(line for x in listings for line in discover.lines(x)))
+            return discover.exit_code(listings)
         elif args.command == "config":
             for line in config_summary(cfg):
                 print(line)
