@@ -8,6 +8,8 @@ The watcher of a running ingest and `status --json` judge with the same rules (d
 - `wal_unreserved`: the slot's WAL is no longer reserved; the next checkpoint may invalidate it.
 - `slot_near_limit`: the slot holds `alerts.slot_keep_fraction` of `max_slot_wal_keep_size`.
 - `slot_lag`: slot lag above `alerts.max_lag_bytes`. These three: state `lagging`.
+- `schema_changed`: a captured table changed shape (an event, held a while: ingest/ops/watch.py).
+  The state stays `healthy`: ingest follows the change itself.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class AlertKind(StrEnum):
     SLOT_MISSING = "slot_missing"
     WRITER_STALE = "writer_stale"
     SOURCE_UNREACHABLE = "source_unreachable"
+    SCHEMA_CHANGED = "schema_changed"
 
 
 ALERT_STATE: Final = {
@@ -74,6 +77,7 @@ ALERT_STATE: Final = {
     AlertKind.SLOT_LOST: State.LOST,
     AlertKind.SLOT_MISSING: State.LOST,
     AlertKind.SOURCE_UNREACHABLE: State.UNREACHABLE,
+    AlertKind.SCHEMA_CHANGED: State.HEALTHY,
 }
 
 
@@ -94,11 +98,20 @@ class SlotState:
 
 @dataclass(frozen=True, slots=True)
 class Alert:
-    """One condition that needs attention, with a message that says what to do."""
+    """One condition that needs attention, with a message that says what to do.
+
+    `writer_id` or `table`: what the alert is about when a source can have several at once.
+    """
 
     kind: AlertKind
     message: str
     writer_id: str | None = None
+    table: str | None = None
+
+    @property
+    def subject(self) -> str | None:
+        """The writer or table the alert is about (None: the source as a whole)."""
+        return self.writer_id or self.table
 
 
 def slot_alerts(slot: SlotState, cfg: AlertsConfig) -> list[Alert]:

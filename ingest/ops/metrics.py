@@ -138,10 +138,16 @@ ERRORS: Final = Counter(
     ["source", "kind"],
     registry=REGISTRY,
 )
+SCHEMA_CHANGES: Final = Counter(
+    "changelake_schema_changes_total",
+    "Shape changes of captured tables met by the capture, by kind (added, dropped, renamed, retyped, key_changed).",
+    ["source", "table", "kind"],
+    registry=REGISTRY,
+)
 ALERT_ACTIVE: Final = Gauge(
     "changelake_alert_active",
     "1 while an alert holds (slot_lag, slot_near_limit, wal_unreserved, slot_lost, slot_missing, "
-    "writer_stale, source_unreachable), else 0.",
+    "writer_stale, source_unreachable, schema_changed), else 0.",
     ["source", "alert"],
     registry=REGISTRY,
 )

@@ -2,7 +2,8 @@
 
 A daemon thread polls every POLL_INTERVAL_S, apart from the capture: it never touches the decode
 loop, and its queries (one on the source, one read of bronze.stream_positions) cost the stream
-nothing but a moment of the GIL.
+nothing but a moment of the GIL. Schema changes are events the capture reports (SHAPE_CHANGES):
+each is counted and logged when met, and holds a `schema_changed` alert for SCHEMA_CHANGE_HOLD_S.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Final, Protocol
 
@@ -28,10 +30,71 @@ POLL_INTERVAL_S: Final = 5.0  # slot health; Postgres needs no more than a query
 POSITIONS_INTERVAL_S: Final = 10.0  # bronze.stream_positions (snapshot progress, position age, safe bound)
 ALERT_REPEAT_S: Final = 300.0  # an alert that holds is logged again this often
 STOP_WAIT_S: Final = 5.0  # how long a stopping run waits for a poll in progress
+# How long a schema change holds its `schema_changed` alert: a change is an event, not a state, and
+# the alert must outlast a few watcher polls and Prometheus scrapes to be seen, then clear by itself.
+SCHEMA_CHANGE_HOLD_S: Final = 600.0
 
 PositionRows = Sequence[tuple[WriterPosition, datetime]]
 # Told of each alert transition: (source, alert, started); alerts.webhook posts it.
 Notify = Callable[[str, Alert, bool], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ShapeChange:
+    """One change of a captured table's shape: its kinds (added, dropped, ...) with their columns."""
+
+    source: str
+    table: str
+    kinds: Mapping[str, Sequence[str]]
+    at: float  # time.monotonic() when the capture met it
+
+    def alert(self) -> Alert:
+        """The `schema_changed` alert this change holds."""
+        what = "; ".join(f"{k} {', '.join(cols)}" for k, cols in self.kinds.items())
+        return Alert(AlertKind.SCHEMA_CHANGED, f"table {self.table} changed shape: {what}", table=self.table)
+
+
+class ShapeChanges:
+    """The schema changes the captures of this process met, for the watchers (thread-safe).
+
+    Responsibilities: count each change in changelake_schema_changes_total (once per kind), log it
+    in one structured line, and keep the latest change of each table for SCHEMA_CHANGE_HOLD_S so
+    the watcher of its source holds a `schema_changed` alert. A table that changes again while its
+    alert holds extends it (the new change is counted and logged; the alert's notice is not sent again).
+    """
+
+    def __init__(self) -> None:
+        """No change met yet."""
+        self._lock = threading.Lock()
+        self._latest: dict[tuple[str, str], ShapeChange] = {}
+
+    def record(self, source: str, table: str, kinds: Mapping[str, Sequence[str]]) -> None:
+        """A captured table of `source` changed shape; `kinds` maps each kind to its columns (none: no report)."""
+        if not kinds:
+            return
+        for kind in kinds:
+            metrics.SCHEMA_CHANGES.labels(source, table, kind).inc()
+        change = ShapeChange(source, table, dict(kinds), time.monotonic())
+        log.warning(
+            "schema change source=%s table=%s kinds=%s %s",
+            source,
+            table,
+            ",".join(kinds),
+            change.alert().message,
+        )
+        with self._lock:
+            self._latest[(source, table)] = change
+
+    def alerts(self, source: str, hold_s: float = SCHEMA_CHANGE_HOLD_S) -> list[Alert]:
+        """The `schema_changed` alerts of `source` still held (changes less than `hold_s` old)."""
+        now = time.monotonic()
+        with self._lock:
+            for key in [k for k, c in self._latest.items() if k[0] == source and now - c.at >= hold_s]:
+                del self._latest[key]
+            return [c.alert() for (s, _t), c in sorted(self._latest.items()) if s == source]
+
+
+SHAPE_CHANGES: Final = ShapeChanges()
 
 
 class SlotReader(Protocol):
@@ -62,11 +125,14 @@ class Watcher:
         interval_s: float = POLL_INTERVAL_S,
         positions_interval_s: float = POSITIONS_INTERVAL_S,
         notify: Notify | None = None,
+        schema_hold_s: float = SCHEMA_CHANGE_HOLD_S,
     ) -> None:
         """Watch `source`; `positions` reads its writer rows from bronze (empty before bronze exists).
 
-        `notify` hears when each alert starts and ends (once per transition, not per poll).
+        `notify` hears when each alert starts and ends (once per transition, not per poll);
+        `schema_hold_s`: how long a schema change holds its alert (seconds).
         """
+        self.schema_hold_s = schema_hold_s
         self.notify = notify
         self.source = source
         self.cfg = alerts
@@ -129,7 +195,7 @@ class Watcher:
             now = datetime.now(UTC)
             self._position_metrics(rows, now)
             self._writer_alerts = writer_alerts(rows, self.cfg, now)
-        self._set_alerts(found + self._writer_alerts)
+        self._set_alerts(found + self._writer_alerts + SHAPE_CHANGES.alerts(self.source, self.schema_hold_s))
 
     def _slot_metrics(self, slot: SlotState) -> None:
         metrics.set_wal_status(self.source, slot.slot, slot.wal_status if slot.exists else None)
@@ -166,7 +232,7 @@ class Watcher:
 
     def _set_alerts(self, found: list[Alert]) -> None:
         now = time.monotonic()
-        active = {(a.kind, a.writer_id): a for a in found}
+        active = {(a.kind, a.subject): a for a in found}
         for kind in AlertKind:
             metrics.ALERT_ACTIVE.labels(self.source, kind.value).set(1 if any(k == kind for k, _ in active) else 0)
         for key, a in active.items():

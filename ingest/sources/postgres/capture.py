@@ -32,7 +32,7 @@ from ingest.sources.postgres.history import advance_slot, first_difference, rede
 from ingest.sources.postgres.pages import Hook
 from ingest.sources.postgres.published import publish_again
 from ingest.sources.postgres.replication import Keepalive, ReplicationStream, XLogData, application_name
-from ingest.sources.postgres.schema_changes import relation_now, resnapshot_reason
+from ingest.sources.postgres.schema_changes import relation_now, report_shape_change, resnapshot_reason
 from ingest.sources.postgres.scope import ScopeWatch
 from ingest.sources.postgres.snapshot import Snapshotter, cannot_snapshot
 
@@ -238,6 +238,7 @@ class PostgresCapture:
         after the run's snapshots finished is performed by the next run.
         """
         table = f"{after.table_schema}.{after.table_name}"
+        report_shape_change(admin, before, after)
         if not self.snapshots or table not in self.src.tables:
             return
         if before.relation_id != after.relation_id:

@@ -9,14 +9,21 @@ unchanged TOASTed one forward into the new state). Each is answered with a re-sn
 of the table (DESIGN §7.1 and §7.7), requested when the stream meets the new shape (a Relation
 message) or, for a change no row change followed, when a run starts and finds the catalog's shape
 other than the last one recorded.
+
+Every change of a captured shape is also reported (`report_shape_change`): a metric, a log line and
+a `schema_changed` alert (ingest/ops/watch.py), by kind: columns added, dropped, renamed, retyped,
+and the key changed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from psycopg import sql
 
-from ingest.events import RelationShape
+from ingest.events import ColumnShape, RelationShape
 from ingest.masking import MASKED_JSON_KIND, check_masks_followed
+from ingest.ops.watch import SHAPE_CHANGES
 from ingest.sources.postgres.admin import PostgresAdmin
 from ingest.sources.postgres.pgoutput import RELATION_COLUMN_KEY_FLAG, Relation, RelationColumn
 from ingest.sources.postgres.published import SENT_COLUMN, publishes_generated
@@ -71,6 +78,74 @@ def resnapshot_reason(admin: PostgresAdmin, before: RelationShape, after: Relati
         if defaulted:
             reasons.append(f"column {', '.join(defaulted)} added with a default (existing rows have its value)")
     return "; ".join(reasons) or None
+
+
+ADDED = "added"
+DROPPED = "dropped"
+RENAMED = "renamed"
+RETYPED = "retyped"
+KEY_CHANGED = "key_changed"
+
+
+def shape_change_kinds(
+    before: RelationShape, after: RelationShape, excluded: Sequence[str] = ()
+) -> dict[str, list[str]]:
+    """What a user sees changed from `before` to `after` of one table: kind -> its columns (empty: nothing).
+
+    A renamed column keeps its place (attnum order), so when both shapes have as many columns, a
+    name gone and a new name at the same place are one column renamed (`old -> new`); otherwise
+    names gone are dropped and new names added. `excluded`: columns that left the shape because a
+    rule began to exclude them (not a change of the source). `retyped`: the type or its modifier
+    changed (through a rename too). `key_changed`: the key columns (through renames) or the
+    replica identity changed. A column that became masked changes no kind.
+    """
+    old = {c.name: c for c in before.columns}
+    new = {c.name: c for c in after.columns}
+    renamed: dict[str, str] = {}
+    if len(before.columns) == len(after.columns):
+        for b, a in zip(before.columns, after.columns, strict=True):
+            if b.name != a.name and b.name not in new and a.name not in old:
+                renamed[a.name] = b.name
+    out: dict[str, list[str]] = {}
+    added = [n for n in new if n not in old and n not in renamed]
+    dropped = [n for n in old if n not in new and n not in renamed.values() and n not in excluded]
+    retyped = []
+    for c in after.columns:
+        was = old.get(renamed.get(c.name, c.name))
+        if was is not None and (was.type_oid, was.type_modifier) != (c.type_oid, c.type_modifier):
+            retyped.append(c.name)
+    key_then = [renamed.get(n, n) for n in _key(after)]
+    if key_then != _key(before) or before.replica_identity != after.replica_identity:
+        out[KEY_CHANGED] = [f"({', '.join(_key(before))}) -> ({', '.join(_key(after))})"]
+    for kind, cols in (
+        (ADDED, added),
+        (DROPPED, dropped),
+        (RENAMED, [f"{b} -> {a}" for a, b in renamed.items()]),
+        (RETYPED, retyped),
+    ):
+        if cols:
+            out[kind] = cols
+    return dict(sorted(out.items()))
+
+
+def _key(shape: RelationShape) -> list[str]:
+    return [c.name for c in sorted((c for c in shape.columns if c.pk_position is not None), key=_pk_position)]
+
+
+def _pk_position(c: ColumnShape) -> int:
+    return c.pk_position or 0
+
+
+def report_shape_change(admin: PostgresAdmin, before: RelationShape, after: RelationShape) -> None:
+    """Count, log and alert the change of a captured table's shape from `before` to `after` (ingest/ops/watch.py).
+
+    Reported when the capture meets it (a Relation message, or the catalog at a shape check), before
+    the new shape is durable: a run interrupted in between meets it, and reports it, again.
+    """
+    excluded, _masked = _newly_ruled(admin, before, after)
+    SHAPE_CHANGES.record(
+        admin.src.name, f"{after.table_schema}.{after.table_name}", shape_change_kinds(before, after, excluded)
+    )
 
 
 def _newly_ruled(admin: PostgresAdmin, before: RelationShape, after: RelationShape) -> tuple[list[str], list[str]]:
