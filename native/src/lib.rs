@@ -1,12 +1,13 @@
 //! Compiled fast path of changelake's pgoutput row decoder.
 //!
-//! One job: turn a pgoutput Insert/Update/Delete message (protocol version 1, text-format values)
-//! of a relation whose columns are all scalars into the JSON texts bronze stores (`record`,
-//! `record_pk`, `old_record`, `old_record_pk`) and the unchanged-TOAST column names. It mirrors
-//! `ingest/sources/postgres/pgoutput.py` + `changes.py` + `values.py` byte for byte (a property
-//! test compares the two on random rows); anything it does not handle exactly the same way (an
-//! array column, a malformed message, a value that does not map) is refused with a ValueError, and
-//! the Python decoder then decodes that message and names the problem.
+//! One job: turn a pgoutput Insert/Update/Delete message (protocol version 1, or 2 inside a stream
+//! block; text-format values) of a relation whose columns are all scalars into the JSON texts
+//! bronze stores (`record`, `record_pk`, `old_record`, `old_record_pk`) and the unchanged-TOAST
+//! column names. It mirrors `ingest/sources/postgres/pgoutput.py` + `changes.py` + `values.py`
+//! byte for byte (a property test compares the two on random rows); anything it does not handle
+//! exactly the same way (an array column, a malformed message, a value that does not map) is
+//! refused with a ValueError, and the Python decoder then decodes that message and names the
+//! problem.
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -187,6 +188,17 @@ fn copy_field(field: &[u8]) -> Result<Option<std::borrow::Cow<'_, [u8]>>, Refusa
         }
     }
     Ok(Some(std::borrow::Cow::Owned(out)))
+}
+
+/// A change message of a protocol 2 stream block as (its xid, the message as protocol 1 sends it):
+/// `pgoutput.unstream`.
+fn unstream(payload: &[u8]) -> Result<(u32, Vec<u8>), Refusal> {
+    let kind = *payload.first().ok_or("empty")?;
+    let xid = payload.get(1..5).ok_or("truncated")?;
+    let mut message = Vec::with_capacity(payload.len() - 4);
+    message.push(kind);
+    message.extend_from_slice(&payload[5..]);
+    Ok((u32::from_be_bytes([xid[0], xid[1], xid[2], xid[3]]), message))
 }
 
 /// One relation's columns, as the Python ChangeBuilder's `_Rel` holds them for `encode_record`.
@@ -379,6 +391,18 @@ impl RowEncoder {
         payload: &[u8],
     ) -> PyResult<(u8, Option<String>, String, Option<String>, Option<String>, Option<Vec<String>>)> {
         self.decode(payload).map_err(PyValueError::new_err)
+    }
+
+    /// Decode one Insert/Update/Delete sent inside a stream block of protocol 2 (the (sub)transaction's
+    /// xid after the type byte): (xid, then what `change` returns for the message without it).
+    #[allow(clippy::type_complexity)]
+    fn change_streamed(
+        &self,
+        payload: &[u8],
+    ) -> PyResult<(u32, u8, Option<String>, String, Option<String>, Option<String>, Option<Vec<String>>)> {
+        let (xid, message) = unstream(payload).map_err(PyValueError::new_err)?;
+        let (code, record, pk, old_record, old_pk, toast) = self.decode(&message).map_err(PyValueError::new_err)?;
+        Ok((xid, code, record, pk, old_record, old_pk, toast))
     }
 
     /// The rows of a buffer of whole COPY ... TO STDOUT text-format lines, as (record_pk, record).

@@ -1,4 +1,4 @@
-"""Pure decoder of pgoutput logical replication messages, protocol version 1 (PostgreSQL 15).
+"""Pure decoder of pgoutput logical replication messages, protocol versions 1 and 2 (streaming).
 
 Longer than our ~300-line norm on purpose: one frozen dataclass and one small decoder per message
 type of the protocol, with the wire constants they use, so the whole wire format reads in one
@@ -16,6 +16,10 @@ from typing import Final, Literal
 from ingest.errors import IngestError
 
 PROTO_VERSION: Final = 1
+# Protocol 2 (PostgreSQL 14+) adds the streaming of in-progress transactions: Stream Start/Stop
+# frame chunks of one transaction, Stream Commit/Abort end it, and inside a Stream Start..Stop
+# block each change message carries its (sub)transaction's xid after the type byte.
+PROTO_VERSION_STREAMING: Final = 2
 
 # Message type bytes (PostgreSQL docs, "Logical Replication Message Formats").
 MSG_BEGIN: Final = b"B"
@@ -28,6 +32,13 @@ MSG_UPDATE: Final = b"U"
 MSG_DELETE: Final = b"D"
 MSG_TRUNCATE: Final = b"T"
 MSG_MESSAGE: Final = b"M"
+MSG_STREAM_START: Final = b"S"
+MSG_STREAM_STOP: Final = b"E"
+MSG_STREAM_COMMIT: Final = b"c"
+MSG_STREAM_ABORT: Final = b"A"
+# Message types that carry an xid after the type byte inside a stream block (Origin does not).
+STREAMED_WITH_XID: Final = frozenset(b"IUDTRYM")
+STREAM_FIRST_SEGMENT: Final = 1
 
 # Tuple submessage markers inside Insert/Update/Delete.
 TUPLE_NEW: Final = b"N"
@@ -58,6 +69,9 @@ _MESSAGE_HEAD = struct.Struct("!BQ")  # flags, LSN
 _TRUNCATE_HEAD = struct.Struct("!iB")  # relation count, options
 _COLUMN_TAIL = struct.Struct("!Ii")  # type OID, type modifier
 _REL_TUPLE = struct.Struct("!Ic")  # relation OID, tuple kind byte
+_STREAM_START = struct.Struct("!IB")  # xid, first-segment flag
+_STREAM_COMMIT = struct.Struct("!IBQQq")  # xid, flags, commit LSN, end LSN, commit timestamp
+_STREAM_ABORT = struct.Struct("!II")  # top-level xid, (sub)transaction xid
 
 _NULL = COL_NULL[0]
 _UNCHANGED = COL_UNCHANGED_TOAST[0]
@@ -206,7 +220,54 @@ class LogicalMessage:
     content: bytes
 
 
-PgOutputMessage = Begin | Commit | Origin | Relation | TypeInfo | Insert | Update | Delete | Truncate | LogicalMessage
+@dataclass(frozen=True, slots=True)
+class StreamStart:
+    """A chunk of in-progress transaction `xid` (top-level) follows, up to the next StreamStop."""
+
+    xid: int
+    first_segment: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StreamStop:
+    """The end of a chunk of streamed changes."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamCommit:
+    """Streamed transaction `xid` committed: its fields are those of Begin + Commit in protocol 1."""
+
+    xid: int
+    flags: int
+    commit_lsn: int
+    end_lsn: int
+    commit_ts_us: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamAbort:
+    """Streamed `subxid` aborted: a subtransaction of `xid`, or the whole transaction when they are equal."""
+
+    xid: int
+    subxid: int
+
+
+PgOutputMessage = (
+    Begin
+    | Commit
+    | Origin
+    | Relation
+    | TypeInfo
+    | Insert
+    | Update
+    | Delete
+    | Truncate
+    | LogicalMessage
+    | StreamStart
+    | StreamStop
+    | StreamCommit
+    | StreamAbort
+)
 
 
 def _cstring(buf: bytes, pos: int) -> tuple[str, int]:
@@ -347,6 +408,25 @@ def _message(buf: bytes) -> tuple[PgOutputMessage, int]:
     return LogicalMessage(transactional, lsn, prefix, buf[start:end]), end
 
 
+def _stream_start(buf: bytes) -> tuple[PgOutputMessage, int]:
+    xid, first = _STREAM_START.unpack_from(buf, 1)
+    return StreamStart(xid, first == STREAM_FIRST_SEGMENT), 1 + _STREAM_START.size
+
+
+def _stream_stop(buf: bytes) -> tuple[PgOutputMessage, int]:
+    return StreamStop(), 1
+
+
+def _stream_commit(buf: bytes) -> tuple[PgOutputMessage, int]:
+    xid, flags, commit_lsn, end_lsn, ts = _STREAM_COMMIT.unpack_from(buf, 1)
+    return StreamCommit(xid, flags, commit_lsn, end_lsn, ts), 1 + _STREAM_COMMIT.size
+
+
+def _stream_abort(buf: bytes) -> tuple[PgOutputMessage, int]:
+    xid, subxid = _STREAM_ABORT.unpack_from(buf, 1)
+    return StreamAbort(xid, subxid), 1 + _STREAM_ABORT.size
+
+
 _DECODERS: dict[int, Callable[[bytes], tuple[PgOutputMessage, int]]] = {
     MSG_BEGIN[0]: _begin,
     MSG_COMMIT[0]: _commit,
@@ -358,6 +438,10 @@ _DECODERS: dict[int, Callable[[bytes], tuple[PgOutputMessage, int]]] = {
     MSG_DELETE[0]: _delete,
     MSG_TRUNCATE[0]: _truncate,
     MSG_MESSAGE[0]: _message,
+    MSG_STREAM_START[0]: _stream_start,
+    MSG_STREAM_STOP[0]: _stream_stop,
+    MSG_STREAM_COMMIT[0]: _stream_commit,
+    MSG_STREAM_ABORT[0]: _stream_abort,
 }
 
 
@@ -374,8 +458,8 @@ def decode(buf: bytes | memoryview) -> PgOutputMessage:
     if decoder is None:
         raise PgOutputError(
             f"unknown pgoutput message type {data[:1]!r} (0x{data[0]:02X}) at offset 0; this "
-            f"decoder speaks protocol version {PROTO_VERSION} (PostgreSQL 15: B C O R Y I U D T "
-            "M); start the stream with proto_version '1' and without 'streaming'/'two_phase'"
+            f"decoder speaks protocol versions {PROTO_VERSION} and {PROTO_VERSION_STREAMING} (B C O R Y I "
+            "U D T M, S E c A); start the stream with proto_version '1' or '2' and without 'two_phase'"
         )
     try:
         message, end = decoder(data)
@@ -389,6 +473,33 @@ def decode(buf: bytes | memoryview) -> PgOutputMessage:
     if end != len(data):
         raise PgOutputError(
             f"pgoutput {data[:1]!r} message has {len(data) - end} unread trailing bytes at "
-            f"offset {end}; the message does not match protocol version {PROTO_VERSION}"
+            f"offset {end}; the message does not match protocol version {PROTO_VERSION} or "
+            f"{PROTO_VERSION_STREAMING}"
         )
     return message
+
+
+def unstream(buf: bytes) -> tuple[int, bytes]:
+    """A change message of a stream block as (its (sub)transaction's xid, the message as protocol 1 sends it).
+
+    Only for the types in STREAMED_WITH_XID; PgOutputError if `buf` is not one, or too short to
+    hold the xid.
+    """
+    if not buf or buf[0] not in STREAMED_WITH_XID:
+        raise PgOutputError(
+            f"pgoutput message type {buf[:1]!r} carries no xid inside a stream block; expected one of "
+            f"{bytes(sorted(STREAMED_WITH_XID))!r}"
+        )
+    if len(buf) < 1 + _U32.size:
+        raise PgOutputError(f"truncated streamed pgoutput {buf[:1]!r} message of {len(buf)} bytes: no xid")
+    (xid,) = _U32.unpack_from(buf, 1)
+    return xid, buf[:1] + buf[1 + _U32.size :]
+
+
+def decode_streamed(buf: bytes | memoryview) -> tuple[int, PgOutputMessage]:
+    """Decode one change message sent inside a stream block: its (sub)transaction's xid and the message.
+
+    Raises PgOutputError as `decode` does.
+    """
+    xid, payload = unstream(bytes(buf))
+    return xid, decode(payload)

@@ -184,7 +184,9 @@ def test_unknown_message_type_raises_naming_the_byte() -> None:
     assert issubclass(PgOutputError, IngestError)
     with pytest.raises(PgOutputError, match="empty"):
         decode(b"")
-    with pytest.raises(PgOutputError, match=r"0x53"):  # streaming (protocol v2) is not v1
+    with pytest.raises(PgOutputError, match=r"0x50"):  # two-phase (protocol 3) is not spoken
+        decode(b"P" + bytes(8))
+    with pytest.raises(PgOutputError, match="trailing"):  # a Stream Start is 6 bytes
         decode(b"S" + bytes(8))
 
 

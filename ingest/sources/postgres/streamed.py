@@ -1,0 +1,236 @@
+"""Reassembles transactions the server streams while in progress (pgoutput protocol 2) into protocol 1 form.
+
+Pure apart from its spill files: no connection. With `streaming 'on'` a transaction larger than
+the server's `logical_decoding_work_mem` arrives in chunks long before its commit, where
+protocol 1 would have the walsender spill it to the server's disk and send it whole at commit.
+Nothing of it may reach bronze before the commit (it may still abort, wholly or a savepoint of
+it), so the chunks are held here, per top-level xid, and on Stream Commit handed back framed as
+protocol 1 frames a transaction: a Begin, the changes in stream order, a Commit, with the same
+LSNs, xid and timestamp. The change builder and the batcher then treat it exactly as they treat
+any transaction (a large one is paged behind the safe bound, DESIGN §4).
+"""
+
+from __future__ import annotations
+
+import struct
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import IO, Final
+
+from ingest.errors import SourceError
+from ingest.sources.postgres.pgoutput import (
+    MSG_BEGIN,
+    MSG_COMMIT,
+    MSG_ORIGIN,
+    MSG_STREAM_ABORT,
+    MSG_STREAM_COMMIT,
+    MSG_STREAM_START,
+    MSG_STREAM_STOP,
+    StreamAbort,
+    StreamCommit,
+    StreamStart,
+    decode,
+    unstream,
+)
+
+# Held change bytes (all open transactions together) past which the transaction being appended to
+# is written to a local temporary file instead: a 1M-row transaction must not grow the process
+# without bound. Each held message costs about 100 bytes of Python objects beside its own bytes.
+SPILL_BYTES: Final = 64 * 1024 * 1024
+STREAM_CONTROL: Final = frozenset(MSG_STREAM_START + MSG_STREAM_STOP + MSG_STREAM_COMMIT + MSG_STREAM_ABORT)
+_SPILLED = struct.Struct("!II")  # (sub)transaction xid, message length
+_BEGIN = struct.Struct("!QqI")  # as pgoutput.py reads them
+_COMMIT = struct.Struct("!BQQq")
+_READ_CHUNK = 1 << 20
+
+
+@dataclass(slots=True)
+class _Open:
+    """One streamed, not yet ended transaction: its changes as (xid, protocol 1 message), in order."""
+
+    first_lsn: int
+    held: list[tuple[int, bytes]] = field(default_factory=list)
+    held_bytes: int = 0
+    spill: IO[bytes] | None = None
+    aborted: set[int] = field(default_factory=set)
+
+    def add(self, xid: int, payload: bytes) -> int:
+        """Hold one change; the bytes it added to memory."""
+        if self.spill is not None:
+            self.spill.write(_SPILLED.pack(xid, len(payload)))
+            self.spill.write(payload)
+            return 0
+        self.held.append((xid, payload))
+        self.held_bytes += len(payload)
+        return len(payload)
+
+    def spill_to_disk(self) -> int:
+        """Move the held changes to a temporary file (deleted when closed); the bytes freed."""
+        self.spill = tempfile.TemporaryFile(prefix="changelake-streamed-")  # noqa: SIM115 - closed in changes()
+        freed = self.held_bytes
+        for xid, payload in self.held:
+            self.add(xid, payload)
+        self.held, self.held_bytes = [], 0
+        return freed
+
+    def abort(self, subxid: int) -> int:
+        """Drop a subtransaction's changes (held ones now, spilled ones when read back); the bytes freed."""
+        self.aborted.add(subxid)
+        kept = [(x, p) for x, p in self.held if x != subxid]
+        freed = self.held_bytes - sum(len(p) for _, p in kept)
+        self.held, self.held_bytes = kept, self.held_bytes - freed
+        return freed
+
+    def changes(self) -> Iterator[bytes]:
+        """The changes of the transaction that were not aborted, in stream order; closes the spill file."""
+        if self.spill is not None:
+            spill, self.spill = self.spill, None
+            try:
+                spill.seek(0)
+                reader = _Reader(spill)
+                while (head := reader.read(_SPILLED.size)) is not None:
+                    xid, length = _SPILLED.unpack(head)
+                    payload = reader.read(length)
+                    if payload is None:
+                        raise SourceError("a streamed transaction's spill file ended early (the local disk lost it)")
+                    if xid not in self.aborted:
+                        yield payload
+            finally:
+                spill.close()
+        for xid, payload in self.held:
+            if xid not in self.aborted:
+                yield payload
+
+    def close(self) -> None:
+        """Forget the transaction (its spill file is deleted)."""
+        if self.spill is not None:
+            self.spill.close()
+            self.spill = None
+        self.held, self.held_bytes = [], 0
+
+
+class _Reader:
+    """Reads fixed-size pieces of a spill file through a large buffer."""
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self.f = f
+        self.buf = b""
+        self.pos = 0
+
+    def read(self, n: int) -> bytes | None:
+        """The next `n` bytes, or None at the end of the file."""
+        while len(self.buf) - self.pos < n:
+            more = self.f.read(max(_READ_CHUNK, n))
+            if not more:
+                return None
+            self.buf = self.buf[self.pos :] + more
+            self.pos = 0
+        out = self.buf[self.pos : self.pos + n]
+        self.pos += n
+        return out
+
+
+class StreamedTransactions:
+    """Holds streamed in-progress transactions until they end; hands a committed one back as protocol 1.
+
+    Responsibilities: follow Stream Start/Stop blocks, hold each top-level transaction's changes
+    tagged with their (sub)transaction's xid (in memory, spilled to a temporary file past
+    `spill_bytes` held in all), drop a subtransaction's changes on its Stream Abort and the whole
+    transaction on its own, and say where the oldest open one started (nothing past it is
+    durable: the slot must not be confirmed past it on its account).
+    """
+
+    def __init__(self, spill_bytes: int = SPILL_BYTES) -> None:
+        """Start outside any stream block, holding nothing; `spill_bytes` in bytes of messages."""
+        self.spill_bytes = spill_bytes
+        self._open: dict[int, _Open] = {}
+        self._block: _Open | None = None
+        self._held_bytes = 0
+
+    @property
+    def in_block(self) -> bool:
+        """Whether a Stream Start was met and its Stream Stop not yet."""
+        return self._block is not None
+
+    def takes(self, payload: bytes) -> bool:
+        """Whether `payload` is this class's to take: a stream control message, or any inside a block."""
+        return self._block is not None or payload[0] in STREAM_CONTROL
+
+    def oldest_start(self) -> int | None:
+        """The WAL position of the oldest open streamed transaction's first chunk; None if none is open."""
+        return min((t.first_lsn for t in self._open.values()), default=None)
+
+    @property
+    def spilled(self) -> int:
+        """How many open transactions are held in spill files."""
+        return sum(1 for t in self._open.values() if t.spill is not None)
+
+    def take(self, wal_start: int, payload: bytes) -> Iterator[bytes] | None:
+        """Take one message of the stream (`takes` said so); a committed transaction's messages, or None.
+
+        The messages handed back are protocol 1 ones: Begin, the changes, Commit. SourceError when
+        the server's stream does not follow the protocol (a chunk of a transaction not begun, a
+        commit of one never streamed): nothing is guessed.
+        """
+        kind = payload[0]
+        if self._block is not None:
+            if kind == MSG_STREAM_STOP[0]:
+                decode(payload)
+                self._block = None
+            elif kind == MSG_ORIGIN[0]:
+                pass  # protocol 1 sends it after Begin and bronze keeps none: nothing to hold
+            else:
+                xid, message = unstream(payload)
+                self._held_bytes += self._block.add(xid, message)
+                if self._held_bytes > self.spill_bytes and self._block.spill is None:
+                    self._held_bytes -= self._block.spill_to_disk()
+            return None
+        msg = decode(payload)
+        if isinstance(msg, StreamStart):
+            txn = self._open.get(msg.xid)
+            if txn is None:
+                if not msg.first_segment:
+                    raise SourceError(
+                        f"the server streamed a later chunk of transaction {msg.xid} whose first chunk this "
+                        "stream never received; restart the stream (it resends the transaction whole)"
+                    )
+                txn = self._open[msg.xid] = _Open(wal_start)
+            self._block = txn
+            return None
+        if isinstance(msg, StreamAbort):
+            txn = self._open.get(msg.xid)
+            if txn is None:
+                return None  # nothing of it was held
+            if msg.subxid == msg.xid:
+                self._held_bytes -= txn.held_bytes
+                txn.close()
+                del self._open[msg.xid]
+            else:
+                self._held_bytes -= txn.abort(msg.subxid)
+            return None
+        if isinstance(msg, StreamCommit):
+            txn = self._open.pop(msg.xid, None)
+            if txn is None:
+                raise SourceError(
+                    f"the server committed streamed transaction {msg.xid} but streamed none of it on this "
+                    "connection; restart the stream (it resends the transaction whole)"
+                )
+            self._held_bytes -= txn.held_bytes
+            return _as_protocol_1(msg, txn)
+        raise SourceError(f"pgoutput sent {msg!r} outside a stream block")  # StreamStop without a start
+
+    def close(self) -> None:
+        """Forget every open transaction (a reconnect: the server streams them again from their start)."""
+        for txn in self._open.values():
+            txn.close()
+        self._open.clear()
+        self._block = None
+        self._held_bytes = 0
+
+
+def _as_protocol_1(msg: StreamCommit, txn: _Open) -> Iterator[bytes]:
+    """The transaction as protocol 1 sends it: Begin (final LSN, timestamp, xid), its changes, Commit."""
+    yield MSG_BEGIN + _BEGIN.pack(msg.commit_lsn, msg.commit_ts_us, msg.xid)
+    yield from txn.changes()
+    yield MSG_COMMIT + _COMMIT.pack(msg.flags, msg.commit_lsn, msg.end_lsn, msg.commit_ts_us)
