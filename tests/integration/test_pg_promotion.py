@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -92,14 +91,7 @@ def _wait_caught_up(s: PgSource, standby: ScratchCluster) -> None:
     """Until the standby has replayed everything the primary has flushed."""
     row = s.conn.execute("select pg_current_wal_flush_lsn()::text").fetchone()
     assert row is not None
-    deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
-    with psycopg.connect(standby.dsn, autocommit=True) as c:
-        while True:
-            replayed = c.execute("select pg_last_wal_replay_lsn() >= %s::pg_lsn", (str(row[0]),)).fetchone()
-            if replayed is not None and replayed[0]:
-                return
-            assert time.monotonic() < deadline, "the standby did not catch up"
-            time.sleep(0.1)
+    standby.wait_replayed(str(row[0]), CATCH_UP_TIMEOUT_S)
 
 
 def promoted_past_bronze(

@@ -136,8 +136,10 @@ class PostgresCapture:
             return
         gap = (
             f"source {name!r}: slot {slot!r} starts at {int_to_lsn(h.confirmed_flush_lsn)}, past what bronze "
-            f"acknowledged ({int_to_lsn(mine.ack_lsn)}): the slot was dropped and recreated, or advanced by another "
-            "client, and the changes in between are not in bronze"
+            f"acknowledged ({int_to_lsn(mine.ack_lsn)}): the slot was dropped and recreated, advanced by another "
+            "client, or this is a promoted standby that had not synchronized it (a failover slot needs "
+            "PostgreSQL 17 and sync_replication_slots on the standby: docs/postgres.md, Failover), and the changes "
+            "in between are not in bronze"
         )
         if self.src.on_history_lost != "resnapshot":
             raise SlotGapError(
