@@ -297,6 +297,10 @@ class PostgresSource(_MaskedSource):
     snapshot: SnapshotSettings = Field(default_factory=SnapshotSettings)
     on_history_lost: Literal["fail", "resnapshot"] = "fail"
     non_utf8: Literal["error", "replace", "latin1"] = "error"
+    # PostgreSQL 14+: have the server stream a transaction larger than its logical_decoding_work_mem
+    # while it runs (pgoutput protocol 2), held by ingest until it commits, instead of spilling it
+    # to the server's disk; false keeps protocol 1 (docs/postgres.md).
+    streaming: bool = True
     # The tables the selection resolved to (set_tables); until resolved, the named entries.
     _resolved: tuple[str, ...] | None = PrivateAttr(default=None)
     _selection: tuple[tuple[tuple[str, ...], tuple[str, ...]], Selection] | None = PrivateAttr(default=None)

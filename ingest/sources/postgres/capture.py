@@ -369,7 +369,11 @@ class PostgresCapture:
             )
             catalog = PgCatalog(admin)
             stream = ReplicationStream(
-                self.src.dsn, self.src.slot_name, self.src.publication_name, app_name=application_name(self.src.name)
+                self.src.dsn,
+                self.src.slot_name,
+                self.src.publication_name,
+                app_name=application_name(self.src.name),
+                streaming=self.src.streaming,
             )
             snapshots: SnapshotThread | None = None
             try:

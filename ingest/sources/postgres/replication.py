@@ -25,7 +25,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ingest.capture.retry import transient_libpq_message, transient_sqlstate
 from ingest.errors import SlotInvalidatedError, SourceError, SourceUnavailableError
-from ingest.sources.postgres.pgoutput import PG_EPOCH_OFFSET_US, PROTO_VERSION
+from ingest.sources.postgres.pgoutput import PG_EPOCH_OFFSET_US, PROTO_VERSION, PROTO_VERSION_STREAMING
+from ingest.sources.postgres.streamed import STREAM_CONTROL, StreamedTransactions
 
 MSG_XLOGDATA = ord("w")
 MSG_KEEPALIVE = ord("k")
@@ -34,6 +35,8 @@ XLOGDATA_HEADER = struct.Struct("!QQQ")  # wal_start, wal_end, send_time
 _unpack_xlogdata = XLOGDATA_HEADER.unpack_from
 KEEPALIVE = struct.Struct("!QQB")  # wal_end, send_time, reply_requested
 STANDBY_STATUS = struct.Struct("!cQQQQB")  # 'r', written, flushed, applied, client_time, reply
+# The first server version whose pgoutput streams in-progress transactions (protocol 2).
+STREAMING_SERVER_VERSION = 140000
 
 # Output functions in the walsender run with these settings, so `record` values are deterministic
 # whatever the database's or role's defaults: dates, times, intervals, floats, bytea and money print
@@ -218,17 +221,29 @@ class ReplicationStream:
     """Owns one replication connection streaming a logical slot.
 
     Responsibilities: connect with `replication=database`, start pgoutput (protocol 1, logical
-    messages on), hand out XLogData/keepalive messages, and send standby status updates. Flushing
+    messages on; protocol 2 with `streaming 'on'` on PostgreSQL 14+ unless turned off), hand out
+    XLogData/keepalive messages (a streamed transaction only once committed, framed as protocol 1
+    frames it: streamed.py), and send standby status updates. Flushing
     an LSN tells the server it may recycle WAL up to it: a slot left unacknowledged keeps all WAL
     since its confirmed position on the server's disk (bounded by max_slot_wal_keep_size, after
     which the slot is invalidated).
     """
 
-    def __init__(self, dsn: str, slot: str, publication: str, start_lsn: int = 0, app_name: str = "changelake") -> None:
+    def __init__(
+        self,
+        dsn: str,
+        slot: str,
+        publication: str,
+        start_lsn: int = 0,
+        app_name: str = "changelake",
+        streaming: bool = True,
+    ) -> None:
         """Prepare a stream of `slot` over `publication`, from `start_lsn` (0 = the slot's own).
 
         `app_name` is the connection's application_name: the name `pg_stat_replication` and
-        `synchronous_standby_names` know this walsender by.
+        `synchronous_standby_names` know this walsender by. `streaming`: have a server of 14 or
+        later stream transactions larger than its `logical_decoding_work_mem` while they run
+        (held here until they commit) instead of spilling them to its own disk.
         """
         self.dsn = dsn
         self.app_name = app_name
@@ -237,6 +252,10 @@ class ReplicationStream:
         self.start_lsn = start_lsn
         self._conn: pq.abc.PGconn | None = None
         self.bytes_received = 0
+        self.streaming = streaming
+        self._streamed: StreamedTransactions | None = None
+        self._replay: Iterator[bytes] | None = None
+        self._replay_lsn = 0
 
     def open(self) -> None:
         """Connect and send START_REPLICATION; SourceError names what the server refused."""
@@ -250,9 +269,13 @@ class ReplicationStream:
         pin_value_encoding(conn, f"replication connection of slot {self.slot!r}")
         lsn = f"{self.start_lsn >> 32:X}/{self.start_lsn & 0xFFFFFFFF:X}"
         pub = self.publication.replace("'", "''")
+        streams = self.streaming and conn.server_version >= STREAMING_SERVER_VERSION
+        proto = f"proto_version '{PROTO_VERSION}'"
+        if streams:
+            proto = f"proto_version '{PROTO_VERSION_STREAMING}', streaming 'on'"
         cmd = (
             f'START_REPLICATION SLOT "{self.slot}" LOGICAL {lsn} '
-            f"(proto_version '{PROTO_VERSION}', publication_names '\"{pub}\"', messages 'true')"
+            f"({proto}, publication_names '\"{pub}\"', messages 'true')"
         )
         conn.send_query(cmd.encode())
         res = conn.get_result()
@@ -274,12 +297,26 @@ class ReplicationStream:
             raise error(f"START_REPLICATION on slot {self.slot!r} failed: {msg}")
         conn.nonblocking = 1
         self._conn = conn
+        self._streamed = StreamedTransactions() if streams else None
+        self._replay = None
+
+    @property
+    def streams(self) -> bool:
+        """Whether the open stream has the server stream in-progress transactions (protocol 2)."""
+        return self._streamed is not None
 
     def read(self, timeout_s: float) -> XLogData | Keepalive | None:
         """The next message, or None if none arrived within `timeout_s` seconds."""
         conn = self._conn
         assert conn is not None, "open() first"
+        if self._replay is not None:
+            payload = next(self._replay, None)
+            if payload is not None:
+                return XLogData(self._replay_lsn, self._replay_lsn, payload)
+            self._replay = None
+        streamed = self._streamed
         deadline = None
+        absorbing_until = None  # while chunks of streamed transactions are held: when to return anyway
         while True:
             n, data = conn.get_copy_data(1)
             if n > 0:
@@ -287,10 +324,28 @@ class ReplicationStream:
                 kind = data[0]
                 if kind == MSG_XLOGDATA:
                     start, end, _ = _unpack_xlogdata(data, 1)
-                    return XLogData(start, end, bytes(data[25:]))
+                    payload = bytes(data[25:])
+                    if streamed is None or (not streamed.in_block and payload[0] not in STREAM_CONTROL):
+                        return XLogData(start, end, payload)
+                    replay = streamed.take(start, payload)
+                    if replay is not None:
+                        self._replay, self._replay_lsn = replay, end
+                        return XLogData(end, end, next(replay))  # the Begin: the rest follow
+                    # Held: the caller hears from the server at least every `timeout_s`, so that its
+                    # status replies and checks go on while a large transaction's chunks arrive (a
+                    # keepalive at position 0 says nothing new).
+                    now = time.monotonic()
+                    if absorbing_until is None:
+                        absorbing_until = now + timeout_s
+                    elif now >= absorbing_until:
+                        return Keepalive(0, False)
+                    continue
                 if kind == MSG_KEEPALIVE:
                     end, _, reply = KEEPALIVE.unpack_from(data, 1)
-                    return Keepalive(end, bool(reply))
+                    oldest = streamed.oldest_start() if streamed is not None else None
+                    # The server has sent up to `end`, a streamed transaction still open included:
+                    # nothing of it is durable, so the position said stops where it began.
+                    return Keepalive(end if oldest is None else min(end, oldest), bool(reply))
                 raise SourceError(f"unknown replication message type {bytes([kind])!r} from the server")
             if n == 0:
                 if deadline is None:
@@ -339,3 +394,6 @@ class ReplicationStream:
         if self._conn is not None:
             self._conn.finish()
             self._conn = None
+        if self._streamed is not None:
+            self._streamed.close()  # the server streams open transactions again from their start
+        self._replay = None

@@ -1,0 +1,99 @@
+"""Large transactions streamed while in progress (protocol 2) land in bronze exactly as protocol 1 lands them.
+
+One workload, two slots made before it, the walsender's `logical_decoding_work_mem` at its 64 kB
+minimum (a DSN option): a transaction far larger than that with a savepoint rolled back inside it
+(another session commits meanwhile), and a large transaction that aborts. Captured once with
+streaming on and once with it off, bronze holds the same rows; the server spilled nothing to its
+disk for the streaming slot and did spill for the other (so the check can fail).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from ingest.config import PostgresSource
+from tests.helpers.pg import PgSource, bronze_events, capture_once, prepare
+
+ROWS = 5000
+PREFIX = "test.streaming"
+LOW_WORK_MEM = "options=-c%20logical_decoding_work_mem%3D64kB"
+
+
+@pytest.fixture
+def src() -> Iterator[PgSource]:
+    dsn = os.environ.get("CHANGELAKE_PG_DSN")
+    if not dsn:
+        pytest.skip("CHANGELAKE_PG_DSN not set")
+    s = PgSource(dsn, "create table items (id int primary key, name text, qty int)", ["items"])
+    yield s
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(f"drop publication if exists changelake_{s.name}_p1")
+    s.drop()
+
+
+def workload(src: PgSource, other: psycopg.Connection[Any]) -> None:
+    conn = src.conn
+    with conn.transaction():
+        src.execute(f"insert into items select g, 'row ' || g, g from generate_series(1, {ROWS}) g")
+        other.execute(f"insert into {src.schema}.items values (-1, 'beside', 1)")  # commits meanwhile
+        src.execute("savepoint sp")
+        src.execute(f"update items set qty = qty + 1000 where id <= {ROWS // 2}")
+        src.execute(f"insert into items select g, 'gone', 0 from generate_series({ROWS + 1}, {2 * ROWS}) g")
+        src.execute("rollback to savepoint sp")
+        src.execute("update items set qty = qty + 1 where id % 3 = 0")
+        src.execute("delete from items where id % 7 = 0")
+        src.execute("select pg_logical_emit_message(true, %s, 'inside')", (PREFIX,))
+    with pytest.raises(psycopg.errors.RaiseException), conn.transaction():
+        src.execute(f"insert into items select g, 'aborted', 0 from generate_series(-{ROWS}, -2) g")
+        src.execute("do $$ begin raise exception 'abort the large transaction'; end $$")
+    other.execute(f"update {src.schema}.items set name = 'after' where id = -1")
+
+
+def landed(warehouse: Path, source: str) -> list[dict[str, Any]]:
+    """The source's bronze rows of this workload, without what differs by run (source name, ingest time)."""
+    rows = []
+    for r in bronze_events(warehouse, source, with_messages=True):
+        if r["action"] == "message" and r["message_prefix"] != PREFIX:
+            continue  # drain markers and other tests' messages: every slot of the database sees them
+        rows.append({k: v for k, v in r.items() if k not in ("source", "ingested_at")})
+    return rows
+
+
+def slot_stats(dsn: str, slot: str) -> tuple[int, int]:
+    with psycopg.connect(dsn) as c:
+        row = c.execute(
+            "select spill_bytes, stream_txns from pg_stat_replication_slots where slot_name = %s", (slot,)
+        ).fetchone()
+    assert row is not None, f"no statistics for slot {slot}"
+    return int(row[0]), int(row[1])
+
+
+def test_streamed_transactions_land_as_protocol_1_lands_them(src: PgSource, tmp_path: Path) -> None:
+    dsn = src.dsn + ("&" if "?" in src.dsn else "?") + LOW_WORK_MEM
+    streaming = PostgresSource(kind="postgres", name=src.name, dsn=dsn, tables=src.tables)
+    plain = PostgresSource(kind="postgres", name=f"{src.name}_p1", dsn=dsn, tables=src.tables, streaming=False)
+    prepare(streaming)
+    prepare(plain)
+    with psycopg.connect(src.dsn, autocommit=True) as other:
+        workload(src, other)
+
+    capture_once(tmp_path / "streaming", streaming)
+    capture_once(tmp_path / "plain", plain)
+
+    got, want = landed(tmp_path / "streaming", streaming.name), landed(tmp_path / "plain", plain.name)
+    assert len(want) > ROWS, "the large transaction landed"
+    assert got == want
+    names = {r["record"] for r in got if r["record"] and ("gone" in r["record"] or "aborted" in r["record"])}
+    assert not names, "a rolled-back savepoint's or an aborted transaction's rows landed"
+    assert [r["message_content"] for r in got if r["action"] == "message"] == ["inside"]
+
+    spilled, streamed = slot_stats(src.dsn, streaming.slot_name)
+    assert streamed >= 1 and spilled == 0, "with streaming on the server streams, and spills nothing"
+    spilled, streamed = slot_stats(src.dsn, plain.slot_name)
+    assert streamed == 0 and spilled > 0, "with streaming off the same workload spills on the server"
