@@ -98,10 +98,13 @@ def _sync(s: PgSource, standby: ScratchCluster, warehouse: Path, src: Any) -> di
         time.sleep(0.2)
 
 
-def _captured(primary: ScratchCluster, warehouse: Path) -> tuple[PgSource, Any]:
-    """A source on the primary whose slot exists and whose first three inserts bronze holds."""
+def _captured(primary: ScratchCluster, warehouse: Path, dsn: str | None = None) -> tuple[PgSource, Any]:
+    """A source on the primary whose slot exists and whose first three inserts bronze holds.
+
+    `dsn`: what ingest connects with (default the primary's).
+    """
     s = PgSource(primary.dsn, TABLES_SQL, ["acct"])
-    src = s.config()
+    src = s.config().model_copy(update={"dsn": dsn or primary.dsn})
     prepare(src)
     s.execute("insert into acct values (1, 'a'), (2, 'b'), (3, 'c')")
     capture_once(warehouse, src)
@@ -147,7 +150,12 @@ def test_ingest_continues_from_the_synced_slot_after_a_failover(
     pair: tuple[ScratchCluster, ScratchCluster], warehouse: Path
 ) -> None:
     primary, standby = pair
-    s, src = _captured(primary, warehouse)
+    # Ingest follows the failover through a multi-host DSN: libpq connects to whichever server accepts writes.
+    both = (
+        f"postgresql://changelake@127.0.0.1:{PRIMARY_PORT},127.0.0.1:{STANDBY_PORT}/changelake"
+        "?target_session_attrs=read-write"
+    )
+    s, src = _captured(primary, warehouse, both)
     primary_slot = _slot(primary.dsn, src.slot_name)
     assert primary_slot is not None and primary_slot["failover"] is True
     synced = _sync(s, standby, warehouse, src)
@@ -165,13 +173,13 @@ def test_ingest_continues_from_the_synced_slot_after_a_failover(
     durable = _durable(warehouse, s.name)
     s.execute("insert into acct values (6, 'f')")  # committed, never captured from the primary
     s.execute("update acct set owner = 'd2' where id = 4")
-    promoted = _fail_over(s, primary, standby)
+    _fail_over(s, primary, standby)
     behind = _slot(standby.dsn, src.slot_name)
     assert behind is not None and behind["confirmed_flush_lsn"] == synced["confirmed_flush_lsn"]
     assert lsn_to_int(behind["confirmed_flush_lsn"]) < durable  # re-delivers what bronze holds
     s.execute("delete from acct where id = 1")  # the application writes on the promoted server
 
-    capture_once(warehouse, promoted)
+    capture_once(warehouse, src)  # the same config: its DSN leads to the promoted server now
 
     assert _changes(warehouse, s.name) == [
         _insert(1, "a"),
