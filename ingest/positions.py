@@ -54,6 +54,7 @@ class SnapshotProgress:
     bounded: bool = False
     keys: tuple[tuple[str, ...], ...] | None = None
     start: tuple[str, ...] | None = None  # a key range's lower bound (exclusive): a large table split
+    relfilenode: int | None = None  # set: a keyless table paged by CTID, in this file of the table
 
     @property
     def writer_id(self) -> str:
@@ -76,6 +77,8 @@ class SnapshotProgress:
             d["keys"] = [list(k) for k in self.keys]
         if self.start is not None:
             d["start"] = list(self.start)
+        if self.relfilenode is not None:
+            d["relfilenode"] = self.relfilenode
         return json.dumps(d, separators=(",", ":"))
 
     @classmethod
@@ -95,6 +98,7 @@ class SnapshotProgress:
                 bounded="until" in d,
                 keys=tuple(tuple(str(v) for v in k) for k in keys) if keys is not None else None,
                 start=tuple(str(k) for k in d["start"]) if d.get("start") is not None else None,
+                relfilenode=int(d["relfilenode"]) if d.get("relfilenode") is not None else None,
             )
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise SourceError(

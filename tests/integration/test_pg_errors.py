@@ -11,7 +11,6 @@ from typing import Any
 import psycopg
 import pytest
 
-from ingest.config import SnapshotSettings
 from ingest.errors import BronzeWriteError, SlotInvalidatedError, SourceError
 from ingest.sources.postgres.admin import PostgresAdmin
 from ingest.sources.postgres.replication import ReplicationStream
@@ -43,9 +42,7 @@ def test_table_without_primary_key_needs_full_identity(make_source: Any) -> None
     with pytest.raises(SourceError, match="REPLICA IDENTITY FULL"):
         prepare(s.config())
     s.execute("alter table nokey replica identity full")
-    with pytest.raises(SourceError, match="no primary key: .* a snapshot pages by a key"):
-        prepare(s.config())  # its changes can be keyed, but not its snapshot (W3)
-    prepare(s.config(snapshot=SnapshotSettings(initial=False)))  # accepted; the whole row is the key
+    prepare(s.config())  # accepted; the whole row is the key, and its snapshot pages by CTID
 
 
 def test_missing_publication_without_create(make_source: Any) -> None:

@@ -132,7 +132,7 @@ class PostgresAdmin:
         makes the source application's own UPDATE and DELETE fail (review finding C4). So is
         DEFAULT over a DEFERRABLE primary key, which Postgres does not take as a replica identity
         (relcache skips indexes that are not immediate): it is NOTHING in effect. FULL without a
-        primary key keys by every column; its snapshot has no key to page by (W3).
+        primary key keys by every column (its snapshot pages by CTID).
         """
         name = self.src.name
         if replident == "d" and has_pk and pk_deferrable:
@@ -154,12 +154,6 @@ class PostgresAdmin:
                 f"source {name!r}: table {qualified} has no primary key and no REPLICA IDENTITY FULL, so its "
                 f"updates and deletes cannot be keyed; add a primary key or run "
                 f"ALTER TABLE {qualified} REPLICA IDENTITY FULL"
-            )
-        if not has_pk and replident == "f" and self.src.snapshot.initial:
-            raise SourceError(
-                f"source {name!r}: table {qualified} has REPLICA IDENTITY FULL but no primary key: its changes "
-                "can be keyed by every column, but a snapshot pages by a key. Add a primary key (or a unique "
-                "index and REPLICA IDENTITY USING INDEX), or set `snapshot: {initial: false}` on the source"
             )
 
     def check_published_tables(self) -> None:

@@ -89,7 +89,11 @@ class PgCatalog:
 
 @dataclass(frozen=True, slots=True)
 class TableShape:
-    """What a page read needs of a table: its columns (pgoutput's order) and primary key."""
+    """What a page read needs of a table: its columns (pgoutput's order) and primary key.
+
+    `keyless`: the table has no key (REPLICA IDENTITY FULL): every column is its record key, as
+    the stream keys its changes, and a snapshot pages it by CTID ranges.
+    """
 
     schema: str
     name: str
@@ -98,6 +102,7 @@ class TableShape:
     key_positions: tuple[int, ...]
     key_types: tuple[str, ...]  # format_type() with modifier, for the keyset cursor's casts
     partitioned: bool = False  # a partitioned table: read with its partitions (captured as its root)
+    keyless: bool = False
 
     @property
     def scan(self) -> sql.Composable:
@@ -110,8 +115,11 @@ class TableShape:
         return ident if self.partitioned else sql.SQL("only {}").format(ident)
 
 
-def table_shape(admin: PostgresAdmin, table: str) -> TableShape:
-    """Columns as pgoutput sends them (not dropped, by attnum; published.SENT_COLUMN) and the primary key."""
+def table_shape(admin: PostgresAdmin, table: str, keyless: bool = False) -> TableShape:
+    """Columns as pgoutput sends them (not dropped, by attnum; published.SENT_COLUMN) and the primary key.
+
+    A table without a key is a SourceError, unless `keyless`: then every column is the key.
+    """
     schema, name = table.split(".", 1)
     generated = publishes_generated(admin)
     with admin.conn.cursor() as cur:
@@ -132,6 +140,10 @@ def table_shape(admin: PostgresAdmin, table: str) -> TableShape:
         raise SourceError(f"source {admin.src.name!r}: table {table} does not exist")
     pk = admin.record_key(int(str(row[0])))
     names = tuple(str(c[0]) for c in cols)
+    if not pk and keyless:
+        oids = tuple(int(str(c[1])) for c in cols)
+        types = tuple(str(c[2]) for c in cols)
+        return TableShape(schema, name, names, oids, tuple(range(len(names))), types, str(row[1]) == "p", True)
     if not pk:
         raise SourceError(
             f"source {admin.src.name!r}: table {table} has no primary key; a snapshot pages by primary key "
@@ -163,8 +175,9 @@ def captured_shape(shape: TableShape, mask: TableMask | None, source: str) -> Ta
         names,
         tuple(shape.type_oids[i] for i in keep),
         tuple(names.index(shape.columns[i]) for i in shape.key_positions),
-        shape.key_types,
+        tuple(shape.key_types[i] for i in keep) if shape.keyless else shape.key_types,
         shape.partitioned,
+        shape.keyless,
     )
 
 

@@ -38,9 +38,21 @@ FETCH_GROWTH = 8  # a fetch asks for at most this many times the rows read so fa
 COPY_CHUNK_ROWS = 5_000
 COPY_CHUNK_BYTES = 8 * 1024 * 1024
 SPLIT_SAMPLE_ROWS = 2_000  # keys sampled to cut a large table into ranges
+MAX_TID_OFFSET = 65535  # `(b,65535)` is after every row of block b: a CTID cursor past a whole block
 # A test (or an operator's debugging session) may run statements at moments of a page:
 # "before_read", "after_begin" (the page's snapshot is taken next) and "after_read".
 Hook = Callable[[str, "SnapshotTask", int], None]
+
+
+def tid_block(tid: str) -> int:
+    """The block number of a TID's text form `(block,offset)`."""
+    return int(tid.strip("()").split(",", 1)[0])
+
+
+def cursor_block(tid: str) -> int:
+    """The first block that may hold rows after the TID `(block,offset)` (the next one after a whole block)."""
+    block, offset = (int(x) for x in tid.strip("()").split(",", 1))
+    return block + 1 if offset >= MAX_TID_OFFSET else block
 
 
 def page_encoders(types: TypeCatalog, shape: TableShape, mask: TableMask | None, non_utf8: str) -> list[Encoder]:
@@ -67,6 +79,8 @@ class PageRead:
     xip: tuple[int, ...]
     read_at_us: int
     cut: bool = False  # the page's byte budget ended it: more rows follow, whatever their number
+    after: tuple[str, ...] | None = None  # a CTID page's cursor: the next page reads the rows after this TID
+    filenode: int | None = None  # the file a CTID page read (pg_relation_filenode)
 
 
 class PageReader:
@@ -166,18 +180,7 @@ class PageReader:
             cols, shape.scan, where, keys, sql.Literal(limit)
         )
         text = query.as_string(None)
-        self._hook("before_read", task, page)
-        self._exec(b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        self._hook("after_begin", task, page)
-        # The first statement takes the transaction's snapshot: the page reads under exactly it.
-        snap = self._exec(
-            b"select pg_snapshot_xmin(s)::text, pg_snapshot_xmax(s)::text, "
-            b"array_to_string(array(select pg_snapshot_xip(s)), ',') from pg_current_snapshot() s"
-        )
-        xmin, xmax = int(snap.get_value(0, 0) or b"0"), int(snap.get_value(0, 1) or b"0")
-        xip_text = (snap.get_value(0, 2) or b"").decode()
-        xip = tuple(int(x) for x in xip_text.split(",") if x)
-        read_at_us = int(time.time() * 1_000_000)
+        xmin, xmax, xip, read_at_us = self._begin(task, page)
         if copy:
             rows, cut = self._copy(text.encode(), shape, encoders, compiled, max_bytes)
             # A page its byte budget sized below the row limit has rows after it, as a cut one does.
@@ -191,6 +194,89 @@ class PageReader:
         self._hook("after_read", task, page)
         return PageRead(rows, xmin, xmax, xip, read_at_us, cut)
 
+    def _begin(self, task: SnapshotTask, page: int) -> tuple[int, int, tuple[int, ...], int]:
+        """Open the page's transaction and take its snapshot: (xmin, xmax, in-progress xids, read time in us)."""
+        self._hook("before_read", task, page)
+        self._exec(b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        self._hook("after_begin", task, page)
+        # The first statement takes the transaction's snapshot: the page reads under exactly it.
+        snap = self._exec(
+            b"select pg_snapshot_xmin(s)::text, pg_snapshot_xmax(s)::text, "
+            b"array_to_string(array(select pg_snapshot_xip(s)), ',') from pg_current_snapshot() s"
+        )
+        xmin, xmax = int(snap.get_value(0, 0) or b"0"), int(snap.get_value(0, 1) or b"0")
+        xip_text = (snap.get_value(0, 2) or b"").decode()
+        return xmin, xmax, tuple(int(x) for x in xip_text.split(",") if x), int(time.time() * 1_000_000)
+
+    def read_ctid_page(
+        self, shape: TableShape, encoders: Sequence[Encoder], task: SnapshotTask, page: int, limit: int, max_bytes: int
+    ) -> PageRead:
+        """Read a keyless table's next rows in CTID order: up to `limit` rows and `max_bytes` of record JSON.
+
+        In one REPEATABLE READ transaction, from the TID after `task.after` to the block bound the
+        snapshot started with (`task.until`), one block range at a time (TID range scans, each
+        range sorted alone) until the page is full or the bound is reached; an empty range doubles
+        the next one, so holes left by deletes cost a few statements, not a page each. `filenode`
+        is the table's file the rows were read from (a VACUUM FULL, CLUSTER or rewriting ALTER
+        moves every row to new CTIDs: the caller restarts the snapshot). `cut` says rows follow.
+        """
+        end = int(task.until[0]) if task.until else 0
+        span = max(1, task.span_blocks or 1)
+        cols = sql.SQL(", ").join(sql.Identifier(c) for c in shape.columns)
+        after = task.after[0] if task.after else None
+        xmin, xmax, xip, read_at_us = self._begin(task, page)
+        rows: list[SnapshotRow] = []
+        cut = False
+        first = cursor_block(after) if after is not None else 0
+        while first < end:
+            hi = min(end, first + span)
+            lower = sql.SQL("ctid > {}::tid and ").format(sql.Literal(after)) if after is not None else sql.SQL("")
+            query = sql.SQL("select {}, ctid from {} where {}ctid < {}::tid order by ctid limit {}").format(
+                cols, shape.scan, lower, sql.Literal(f"({hi},0)"), sql.Literal(limit - len(rows))
+            )
+            before = len(rows)
+            rows, cut = self._fetch(query.as_string(None).encode(), (), shape, encoders, limit, max_bytes, rows, True)
+            self._exec(b"CLOSE " + PAGE_CURSOR)
+            if cut or len(rows) >= limit:
+                after, cut = rows[-1].key_text[0], True
+                # The next page's first range: as many blocks as `limit` rows took in this range.
+                per_block = max(1, len(rows) - before) / (tid_block(after) - first + 1)
+                task.span_blocks = max(1, int(limit / per_block))
+                break
+            after, first = f"({hi - 1},{MAX_TID_OFFSET})", hi  # the whole range is read
+            span *= 2
+        self._check_types(shape)
+        filenode = self._filenode(shape)  # under the read's lock: no rewrite since the read
+        self._exec(b"COMMIT")
+        self._hook("after_read", task, page)
+        cursor = (after,) if after is not None else task.after
+        return PageRead(rows, xmin, xmax, xip, read_at_us, cut, cursor, filenode)
+
+    def _filenode(self, shape: TableShape) -> int:
+        ident = sql.Identifier(shape.schema, shape.name).as_string(None)
+        res = self._exec(b"select pg_relation_filenode($1::regclass)::bigint", [ident.encode()])
+        return int(res.get_value(0, 0) or b"0")
+
+    def ctid_bounds(self, shape: TableShape) -> tuple[int, int, int]:
+        """A keyless table's block count now (its rows' CTIDs are below it), file and rows per block.
+
+        Rows appended past the block count arrive by the stream, as rows above a keyset
+        snapshot's largest key do. Rows per block from the planner's statistics (1 if none).
+        """
+        ident = sql.Identifier(shape.schema, shape.name).as_string(None)
+        res = self._exec(
+            b"select pg_relation_size(c.oid) / current_setting('block_size')::bigint, "
+            b"pg_relation_filenode(c.oid)::bigint, "
+            b"case when c.relpages > 0 and c.reltuples > 0 then c.reltuples / c.relpages else 1 end "
+            b"from pg_class c where c.oid = $1::regclass",
+            [ident.encode()],
+        )
+        return (
+            int(res.get_value(0, 0) or b"0"),
+            int(res.get_value(0, 1) or b"0"),
+            int(float(res.get_value(0, 2) or b"1")),
+        )
+
     def _fetch(
         self,
         query: bytes,
@@ -199,6 +285,8 @@ class PageReader:
         encoders: Sequence[Encoder],
         limit: int,
         max_bytes: int,
+        rows: list[SnapshotRow] | None = None,
+        tid: bool = False,
     ) -> tuple[list[SnapshotRow], bool]:
         """The page's rows, read through a cursor until `limit` rows or `max_bytes` of record JSON.
 
@@ -206,14 +294,17 @@ class PageReader:
         the rows come in fetches sized from the rows seen so far, and the page ends before the row
         that would take it past `max_bytes` (a first row wider than that is a page alone). Returns
         the rows and whether the byte budget ended the page (then more rows follow).
+
+        `rows`: the page's rows so far, which the new ones follow (and count in both limits). With
+        `tid`, the query selects `ctid` after the columns: it is the row's `key_text` (CTID pages).
         """
         self._exec(b"DECLARE " + PAGE_CURSOR + b" NO SCROLL CURSOR FOR " + query, params)
         table = f"{shape.schema}.{shape.name}"
         keys_json = json_keys(shape.columns)
         width = range(len(shape.columns))
-        rows: list[SnapshotRow] = []
-        size = 0
-        want = 1
+        rows = [] if rows is None else rows
+        size = sum(len(r.record) for r in rows)
+        want = min(1, limit - len(rows))
         while want > 0:
             res = self._exec(b"FETCH FORWARD %d FROM %s" % (want, PAGE_CURSOR))
             for r in range(res.ntuples):
@@ -222,7 +313,10 @@ class PageReader:
                 if rows and size + len(record) > max_bytes:
                     return rows, True
                 record_pk = encode_key(table, keys_json, encoders, shape.key_positions, values)
-                key_text = tuple((values[i] or b"").decode() for i in shape.key_positions)
+                if tid:
+                    key_text: tuple[str, ...] = (bytes(res.get_value(r, len(width)) or b"").decode(),)
+                else:
+                    key_text = tuple((values[i] or b"").decode() for i in shape.key_positions)
                 rows.append(SnapshotRow(record_pk, record, key_text))
                 size += len(record)
             if res.ntuples < want:

@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 
 REQUEST_POLL_S = 5.0
 REREAD_POLL_S = 60.0  # how often a continuous run looks in silver for keys to re-read
+REPLICA_IDENTITY_FULL = "f"  # pg_class.relreplident
+RELKIND_PARTITIONED = "p"  # pg_class.relkind
 POSITION_INTERVAL_S = 2.0  # a running snapshot raises its writer row at most this often (and at its end)
 
 
@@ -73,6 +75,10 @@ class SnapshotTask:
     record_chars: float | None = None  # the last page's mean record JSON length (sizes COPY pages)
     start: tuple[str, ...] | None = None  # a key range's lower bound (exclusive): a part of a split table
     claimed: bool = False  # a thread of this process runs (or ran) it: it may have a page not yet durable
+    # A keyless table paged by CTID: `after` is a TID, `until` the block count at the start, and
+    # this the table's file then (a rewrite moves every row: the snapshot starts over).
+    relfilenode: int | None = None
+    span_blocks: int | None = None  # blocks a CTID page reads first (from the rows per block seen)
 
     @property
     def writer_id(self) -> str:
@@ -92,6 +98,7 @@ class SnapshotTask:
             self.bounded,
             self.keys,
             self.start,
+            self.relfilenode,
         )
         return WriterPosition(
             source, self.writer_id, WriterKind.SNAPSHOT, self.durable_lsn, self.durable_lsn, progress.to_json()
@@ -115,6 +122,7 @@ class SnapshotTask:
             bounded=p.bounded,
             keys=p.keys,
             start=p.start,
+            relfilenode=p.relfilenode,
         )
 
 
@@ -338,9 +346,12 @@ class Snapshotter:
         should_stop: Callable[[], bool],
     ) -> bool:
         mask = self.masks.table(task.table)
-        shape = captured_shape(table_shape(admin, task.table), mask, self.src.name)
+        shape = captured_shape(table_shape(admin, task.table, keyless=True), mask, self.src.name)
+        by_ctid = shape.keyless and task.keys is None
         encoders = page_encoders(types, shape, mask, self.src.non_utf8)
-        compiled = native.row_encoder(encoders, json_keys(shape.columns), shape.columns, shape.key_positions)
+        compiled = None
+        if not by_ctid:  # CTID pages read the TID beside the columns: through the cursor, in Python
+            compiled = native.row_encoder(encoders, json_keys(shape.columns), shape.columns, shape.key_positions)
         last = self.writer.last_durable_page(self.src.name, task.snapshot_id)
         page = 0
         if last is not None:
@@ -350,19 +361,34 @@ class Snapshotter:
                 self._retire(task)
                 return True
             log.info("snapshot resumed source=%s table=%s page=%d rows=%d", self.src.name, task.table, page, task.rows)
+        if by_ctid != (task.relfilenode is not None):
+            # The table lost or gained its key since the snapshot started (or a CTID snapshot's file
+            # was never recorded): its cursor means nothing in the other order; read it all again.
+            task.after, task.until, task.bounded, task.relfilenode = None, None, False, None
         if task.estimated_rows is None:
             task.estimated_rows = estimate_rows(admin, task.table)
-        if not task.bounded and task.keys is None:
+        if by_ctid and not task.bounded:
+            self._bound_by_ctid(task, reader, shape)
+        elif not task.bounded and task.keys is None:
             task.until, task.bounded = reader.max_key(shape), True
             self._split(task, reader, shape)
         t0, rows0 = time.monotonic(), task.rows
         last_raise = 0.0
         while not should_stop():
-            read = reader.read_page(shape, encoders, task, page, self.page_rows, self.src.snapshot.page_bytes, compiled)
-            # A page cut by its byte budget has rows after it, a re-read of listed keys too: the
-            # next page reads on after its last key.
-            more = read.cut or (task.keys is None and task.until is not None and len(read.rows) >= self.page_rows)
-            is_last = not more or read.rows[-1].key_text == task.until
+            if by_ctid:
+                read = reader.read_ctid_page(shape, encoders, task, page, self.page_rows, self.src.snapshot.page_bytes)
+                if read.filenode != task.relfilenode:
+                    self._start_over(task, read.filenode)
+                    return False
+                more = read.cut
+            else:
+                read = reader.read_page(
+                    shape, encoders, task, page, self.page_rows, self.src.snapshot.page_bytes, compiled
+                )
+                # A page cut by its byte budget has rows after it, a re-read of listed keys too: the
+                # next page reads on after its last key.
+                more = read.cut or (task.keys is None and task.until is not None and len(read.rows) >= self.page_rows)
+            is_last = not more or (not by_ctid and read.rows[-1].key_text == task.until)
             hw = reader.watermark(task, page)
             self.writer.append_page(
                 self.src.name,
@@ -384,7 +410,9 @@ class Snapshotter:
             )
             faults.hit("snapshot_after_page_commit")
             task.pages, task.rows = page + 1, task.rows + len(read.rows)
-            if read.rows:
+            if by_ctid:
+                task.after = read.after
+            elif read.rows:
                 task.after = read.rows[-1].key_text
             elapsed = time.monotonic() - t0
             task.rows_per_s = (task.rows - rows0) / elapsed if elapsed > 0 else None
@@ -413,6 +441,44 @@ class Snapshotter:
                 return True
             page += 1
         return False
+
+    def _bound_by_ctid(self, task: SnapshotTask, reader: PageReader, shape: TableShape) -> None:
+        """Bound a keyless table's snapshot by its block count now, and record the file it reads.
+
+        Recorded in the writer row before the first page: a snapshot resumed after a rewrite of
+        the table (its CTIDs all new) must know, or it would go on at a TID that means other rows.
+        """
+        end, task.relfilenode, per_block = reader.ctid_bounds(shape)
+        task.until, task.bounded = (str(end),), True
+        task.span_blocks = max(1, self.page_rows // max(1, per_block))
+        with self._lock:
+            self.writer.raise_positions([(task.position(self.src.name), task.started_at)])
+
+    def _start_over(self, task: SnapshotTask, filenode: int | None) -> None:
+        """A keyless table was rewritten under its CTID snapshot: replace the snapshot by a new one.
+
+        VACUUM FULL, CLUSTER or a rewriting ALTER TABLE gives every row a new CTID, so rows not read
+        yet may now sit below the cursor. The pages written stay (each row was the table's at its
+        watermark); the new snapshot reads the new file from its first block. It is registered
+        before the old writer is removed: a crash between leaves both, and the old one starts over
+        again when it meets the new file.
+        """
+        new = SnapshotTask(task.table, uuid.uuid4().hex, task.started_at, task.durable_lsn)
+        with self._lock:
+            self.writer.raise_positions([(new.position(self.src.name), new.started_at)])
+            self.writer.remove_writer(self.src.name, task.writer_id)
+            self.tasks.remove(task)
+            self.tasks.append(new)
+        log.warning(
+            "snapshot source=%s table=%s snapshot_id=%s: the table was rewritten (file %s, now %s), so its rows "
+            "have new CTIDs; its snapshot starts over as snapshot_id=%s",
+            self.src.name,
+            task.table,
+            task.snapshot_id,
+            task.relfilenode,
+            filenode,
+            new.snapshot_id,
+        )
 
     def _raise(self, task: SnapshotTask, hw: int) -> None:
         """`task`'s page at `hw` is durable: raise it, and the snapshots not started yet, to `hw`.
@@ -463,25 +529,35 @@ class Snapshotter:
 
 
 def cannot_snapshot(admin: PostgresAdmin, table: str) -> str | None:
-    """Why `table` cannot be snapshotted now, or None: not configured, gone, or no key to page by.
+    """Why `table` cannot be snapshotted now, or None: not configured, gone, or keyed by nothing.
 
-    A snapshot reads in keyset pages: a table without a primary key (or a replica identity
-    index) has none, whatever its replica identity.
+    A table with a key is read in keyset pages. One without is keyed by every column, as the
+    stream keys it under REPLICA IDENTITY FULL, and read in CTID ranges; without FULL its changes
+    cannot be keyed at all, and a partitioned one has no CTIDs of its own (each partition has its
+    own, which repeat across partitions).
     """
     src = admin.src
     if table not in src.tables:
         return f"source {src.name!r} does not capture {table}; configured tables: {', '.join(src.tables)}"
     with admin.conn.cursor() as cur:
         cur.execute(
-            "select to_regclass(%s)::oid::bigint", (sql.Identifier(*table.split(".", 1)).as_string(admin.conn),)
+            "select c.oid::bigint, c.relreplident::text, c.relkind::text from pg_class c where c.oid = to_regclass(%s)",
+            (sql.Identifier(*table.split(".", 1)).as_string(admin.conn),),
         )
         row = cur.fetchone()
     if row is None or row[0] is None:
         return f"table {table} does not exist"
-    if not admin.record_key(int(str(row[0]))):
+    if admin.record_key(int(str(row[0]))):
+        return None
+    if str(row[1]) != REPLICA_IDENTITY_FULL:
         return (
-            f"table {table} has no primary key, and a snapshot pages by key; add one (or a unique index and "
-            "REPLICA IDENTITY USING INDEX) to snapshot it"
+            f"table {table} has no primary key and no REPLICA IDENTITY FULL, so its rows cannot be keyed; add a "
+            f"primary key or run ALTER TABLE {table} REPLICA IDENTITY FULL"
+        )
+    if str(row[2]) == RELKIND_PARTITIONED:
+        return (
+            f"table {table} is partitioned and has no primary key: a keyless table is read by CTID, and the "
+            "CTIDs of its partitions repeat; add a primary key to snapshot it"
         )
     return None
 
