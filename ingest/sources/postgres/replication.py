@@ -368,9 +368,18 @@ class ReplicationStream:
             raise error(f"replication stream of slot {self.slot!r} ended: {msg or 'server closed it'}")
 
     def send_status(self, flush_lsn: int, reply: bool = False) -> None:
-        """Tell the server everything up to `flush_lsn` is durable (it may advance the slot)."""
+        """Tell the server everything up to `flush_lsn` is durable (it may advance the slot).
+
+        While a streamed transaction is open the position said stops where it began: nothing of it
+        is durable, and a slot confirmed past that start makes the server, after a restart, decode
+        the transaction's first part again without being allowed to stream it (it spills to its
+        disk). Transactions committed meanwhile are then re-delivered and skipped by position.
+        """
         conn = self._conn
         assert conn is not None, "open() first"
+        oldest = self._streamed.oldest_start() if self._streamed is not None else None
+        if oldest is not None:
+            flush_lsn = min(flush_lsn, oldest)
         now_us = int(time.time() * 1_000_000) - PG_EPOCH_OFFSET_US
         msg = STANDBY_STATUS.pack(MSG_STANDBY_STATUS, flush_lsn, flush_lsn, flush_lsn, now_us, int(reply))
         if conn.put_copy_data(msg) != 1:
