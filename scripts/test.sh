@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CHANGELAKE_PG_DSN="${CHANGELAKE_PG_DSN:-$(bash scripts/pg.sh dsn)}"
 export PATH="$PWD/.venv/bin:$PATH"
-echo "== ruff"; ruff check ingest tests demo bench && ruff format --check -q ingest tests demo bench
+echo "== ruff"; ruff check ingest tests demo bench examples && ruff format --check -q ingest tests demo bench examples
 echo "== mypy --strict"; mypy
 if [ -f dbt_project.yml ]; then echo "== sqlfluff"; bash scripts/sqlfluff.sh; fi
 echo "== pytest"
