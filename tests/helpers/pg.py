@@ -84,6 +84,16 @@ def drop_slot(conn: Any, slot: str) -> None:
             time.sleep(0.1)
 
 
+def confirmed_flush(dsn: str, slot: str) -> int:
+    """The slot's confirmed_flush_lsn as an integer."""
+    with psycopg.connect(dsn) as c:
+        row = c.execute(
+            "select confirmed_flush_lsn - '0/0'::pg_lsn from pg_replication_slots where slot_name = %s", (slot,)
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def capture_once(warehouse: Path, src: Any, max_events: int = 200_000, snapshots: bool = False, **kw: Any) -> Any:
     """Run the stream writer in this process with `--once` semantics; returns the capture.
 

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from ingest.bronze.writer import BronzeWriter
-from tests.helpers.pg import ROOT, bronze_count, bronze_events, prepare
+from tests.helpers.pg import ROOT, bronze_count, bronze_events, confirmed_flush, prepare
 
 pytestmark = pytest.mark.integration
 
@@ -45,15 +45,6 @@ def write_config(tmp_path: Path, s: Any) -> Path:
         )
     )
     return cfg
-
-
-def confirmed_flush(dsn: str, slot: str) -> int:
-    with psycopg.connect(dsn) as c:
-        row = c.execute(
-            "select confirmed_flush_lsn - '0/0'::pg_lsn from pg_replication_slots where slot_name = %s", (slot,)
-        ).fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])

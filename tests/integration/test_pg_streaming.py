@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from ingest.config import PostgresSource
-from tests.helpers.pg import PgSource, bronze_events, capture_once, prepare
+from tests.helpers.pg import PgSource, bronze_events, capture_once, confirmed_flush, prepare
 
 ROWS = 5000
 PREFIX = "test.streaming"
@@ -74,21 +74,19 @@ def slot_stats(dsn: str, slot: str) -> tuple[int, int]:
     return int(row[0]), int(row[1])
 
 
-def confirmed(dsn: str, slot: str) -> int:
-    with psycopg.connect(dsn) as c:
-        row = c.execute(
-            "select confirmed_flush_lsn - '0/0'::pg_lsn from pg_replication_slots where slot_name = %s", (slot,)
-        ).fetchone()
-    assert row is not None
-    return int(row[0])
-
-
-def test_streamed_transactions_land_as_protocol_1_lands_them(src: PgSource, tmp_path: Path) -> None:
+def two_sources(src: PgSource) -> tuple[PostgresSource, PostgresSource]:
+    """The same tables captured twice, streaming and with protocol 1, both prepared (the low work
+    memory makes the server stream, or without streaming spill, the large transactions)."""
     dsn = src.dsn + ("&" if "?" in src.dsn else "?") + LOW_WORK_MEM
     streaming = PostgresSource(kind="postgres", name=src.name, dsn=dsn, tables=src.tables)
     plain = PostgresSource(kind="postgres", name=f"{src.name}_p1", dsn=dsn, tables=src.tables, streaming=False)
     prepare(streaming)
     prepare(plain)
+    return streaming, plain
+
+
+def test_streamed_transactions_land_as_protocol_1_lands_them(src: PgSource, tmp_path: Path) -> None:
+    streaming, plain = two_sources(src)
     with psycopg.connect(src.dsn, autocommit=True) as other:
         workload(src, other)
 
@@ -116,11 +114,7 @@ def test_a_transaction_open_across_runs_lands_once(src: PgSource, tmp_path: Path
     after the run, and the next run lands it as protocol 1 does (the server streams it again from
     its start; the one committed meanwhile is re-delivered and skipped).
     """
-    dsn = src.dsn + ("&" if "?" in src.dsn else "?") + LOW_WORK_MEM
-    streaming = PostgresSource(kind="postgres", name=src.name, dsn=dsn, tables=src.tables)
-    plain = PostgresSource(kind="postgres", name=f"{src.name}_p1", dsn=dsn, tables=src.tables, streaming=False)
-    prepare(streaming)
-    prepare(plain)
+    streaming, plain = two_sources(src)
     with psycopg.connect(src.dsn, autocommit=True) as other:
         with src.conn.transaction():
             src.execute(f"insert into items select g, 'row ' || g, g from generate_series(1, {ROWS}) g")
@@ -129,7 +123,7 @@ def test_a_transaction_open_across_runs_lands_once(src: PgSource, tmp_path: Path
             [beside] = landed(tmp_path / "streaming", streaming.name)
             assert beside["record_pk"] == '{"id":-1}'
             # Confirmed no further than the open transaction's start, before what committed meanwhile.
-            assert confirmed(src.dsn, streaming.slot_name) < beside["commit_lsn"]
+            assert confirmed_flush(src.dsn, streaming.slot_name) < beside["commit_lsn"]
             src.execute("delete from items where id % 2 = 0")
         capture_once(tmp_path / "streaming", streaming)
     capture_once(tmp_path / "plain", plain)
