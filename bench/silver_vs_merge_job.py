@@ -197,6 +197,13 @@ def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, str]:
     return secs, r.stdout
 
 
+def slowest_nodes(run_results: Path, n: int = 8) -> str:
+    """The n slowest nodes of a dbt invocation (its run_results.json), as `name 12.3s` items."""
+    results = json.loads(run_results.read_text())["results"]
+    top = sorted(results, key=lambda r: r["execution_time"], reverse=True)[:n]
+    return ", ".join(f"{r['unique_id'].split('.')[2]} {r['execution_time']:.1f}s" for r in top)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--history", type=int, default=1_000_000)
@@ -251,6 +258,7 @@ def main() -> None:
         restore()
         r["build"], _ = timed(build, env)
         if n == 0:
+            print("  the build's slowest nodes: " + slowest_nodes(work / "target" / "run_results.json"))
             timed(job, env)  # the job's batch again, to compare with what the build made
             _, out = timed([PY, __file__, "_compare", str(wh)], env)
             print(

@@ -1,4 +1,4 @@
-{% macro consumer_records_scan_bounds(stored_positions_query=none) %}
+{% macro consumer_records_scan_bounds(stored_positions_query=none, batch=none, stored_rows=none) %}
     {#-
         The lookups model consumer_records turns into literals, run before its main query is
         planned (query_rows_at_execution), so that Delta skips the sequin_events files already
@@ -23,6 +23,14 @@
           (they are the largest part of it, and Spark plans them even when they find nothing);
           true when there is one, or when it cannot be known (parse time, unit tests).
         The model's joins still decide exactly; the literals only prune.
+        Two other callers:
+        - a fold reading the run's change batch (`batch`, from macro
+          changelake_reads_change_batch: its stored positions come with it) gets batch_filter: the
+          exact predicate on alias change_batch keeping the batch rows it has not folded (a
+          change above its stored position); touched_partitions and moves_toast then come from
+          those batch rows, not from a scan of sequin_events;
+        - model record_changes passes `stored_rows` (the lower of the folds' positions per source,
+          macro record_changes_scan_bounds) and gets the literal filters only.
     -#}
     {%- set moves_toast_condition -%}
         action = 'update'
@@ -46,7 +54,14 @@
     {%- if is_incremental() and changelake_skip_reason() is not none -%}
         {{ return(bounds) }}
     {%- endif -%}
-    {%- set stored_rows = query_rows_at_execution(stored_positions_query) if is_incremental() else none -%}
+    {%- set given_rows = stored_rows -%}
+    {%- if given_rows is not none -%}
+        {%- set stored_rows = given_rows -%}
+    {%- elif batch is not none -%}
+        {%- set stored_rows = batch.stored_rows -%}
+    {%- else -%}
+        {%- set stored_rows = query_rows_at_execution(stored_positions_query) if is_incremental() else none -%}
+    {%- endif -%}
     {%- if stored_rows is none -%}
         {#- A full build reads every event: one look for a key change with unchanged TOAST, when
             the model is about to run (`dbt compile` or `dbt show` may come before sequin_events
@@ -79,6 +94,44 @@
         'snapshot_rows_placed', 'commit_lsn', snapshot_row_ranges) -%}
     {%- set other_sources_snapshot_rows_filter = 'not ' ~ partitions_predicate(
         'snapshot_rows_placed', ['source'], stored_rows) -%}
+    {%- do bounds.update({
+        'stored_rows': stored_rows,
+        'stored_sources_events_filter': stored_sources_events_filter,
+        'other_sources_events_filter': other_sources_events_filter,
+        'stored_sources_snapshot_rows_filter': stored_sources_snapshot_rows_filter,
+        'other_sources_snapshot_rows_filter': other_sources_snapshot_rows_filter,
+    }) -%}
+    {%- if given_rows is not none -%}
+        {{ return(bounds) }}
+    {%- endif -%}
+    {%- if batch is not none -%}
+        {#- Exact: a change above the fold's stored position of its source (an event above the max
+            seq, a snapshot row above the max commit_lsn), or any change of a source it has not
+            stored. -#}
+        {%- set alternatives = [] -%}
+        {%- for stored in stored_rows -%}
+            {%- do alternatives.append(
+                '(change_batch.source = ' ~ sql_literal(stored.source)
+                ~ " and case when change_batch.change_kind = 'snapshot' then change_batch.commit_lsn > "
+                ~ sql_literal(stored.get('max_commit_lsn'), 'bigint')
+                ~ ' else change_batch.seq > ' ~ sql_literal(stored.get('max_seq', 0), 'bigint') ~ ' end)') -%}
+        {%- endfor -%}
+        {%- do alternatives.append('not ' ~ partitions_predicate('change_batch', ['source'], stored_rows)) -%}
+        {%- set batch_filter = '(' ~ alternatives | join(' or ') ~ ')' -%}
+        {%- set touched_partitions = query_rows_at_execution(
+            'select change_batch.source, change_batch.table_schema, change_batch.table_name, bool_or(coalesce('
+            ~ "change_batch.change_kind = 'upsert' and change_batch.change_action = 'update'"
+            ~ ' and change_batch.old_record_pk is not null and change_batch.old_record_pk != change_batch.record_pk'
+            ~ ' and size(change_batch.unchanged_toast) > 0, false)) as moves_toast from '
+            ~ batch.relation ~ ' as change_batch where ' ~ batch_filter
+            ~ ' group by change_batch.source, change_batch.table_schema, change_batch.table_name') -%}
+        {%- do bounds.update({
+            'batch_filter': batch_filter,
+            'touched_partitions': touched_partitions,
+            'moves_toast': touched_partitions | selectattr('moves_toast') | list | length > 0,
+        }) -%}
+        {{ return(bounds) }}
+    {%- endif -%}
     {%- set touched_partitions_query -%}
         with new_events as (
             select
@@ -126,11 +179,6 @@
     {%- endset -%}
     {%- set touched_partitions = query_rows_at_execution(touched_partitions_query) -%}
     {%- do bounds.update({
-        'stored_rows': stored_rows,
-        'stored_sources_events_filter': stored_sources_events_filter,
-        'other_sources_events_filter': other_sources_events_filter,
-        'stored_sources_snapshot_rows_filter': stored_sources_snapshot_rows_filter,
-        'other_sources_snapshot_rows_filter': other_sources_snapshot_rows_filter,
         'touched_partitions': touched_partitions,
         'moves_toast': touched_partitions | selectattr('moves_toast') | list | length > 0,
     }) -%}

@@ -4,6 +4,7 @@
 -- depends_on: {{ ref('snapshot_rows_placed') }}
 -- depends_on: {{ ref('consumer_records') }}
 -- depends_on: {{ ref('record_history') }}
+-- depends_on: {{ ref('record_changes') }}
 
 -- One row per source: the safe bound through which silver's incremental models have loaded
 -- bronze, i.e. safe_bounds of the last run that built every one of them (built after them, so a

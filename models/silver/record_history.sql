@@ -1,3 +1,7 @@
+{%- set change_positions = {
+    'max_seq': 'greatest(max(valid_from_seq), max(valid_to_seq))',
+    'max_commit_lsn': 'greatest(max(valid_from_lsn), max(valid_to_lsn))',
+} -%}
 {{
     config(
         unique_key=['source', 'table_schema', 'table_name', 'record_pk', 'valid_from_lsn', 'valid_from_index'],
@@ -9,6 +13,7 @@
         partition_by=['source', 'table_schema', 'table_name', 'is_current'],
         tblproperties={'delta.enableDeletionVectors': 'true'},
         post_hook="drop table if exists {{ this }}__dbt_batch",
+        change_positions=change_positions,
     )
 }}
 
@@ -19,33 +24,17 @@
 -- (record_change_step), but every intermediate state is kept. A deleted record has no current
 -- version. Each run folds the new changes of every touched key over its current version, closes
 -- that version (only rows of the is_current partition are read or matched) and appends the new
--- versions; the merge has consumer_records' position guard.
+-- versions; the merge has consumer_records' position guard. How far it has folded
+-- (change_positions): an applied event left its seq on the version it opened or closed, a placed
+-- snapshot row its position on the version it opened.
 
-{%- set stored_positions_query -%}
-    -- An applied event left its seq on the version it opened or closed; a placed snapshot row its
-    -- position on the version it opened.
-    select
-        source,
-        greatest(max(valid_from_seq), max(valid_to_seq)) as max_seq,
-        greatest(max(valid_from_lsn), max(valid_to_lsn)) as max_commit_lsn
-    from {{ this }}
-    group by source
-{%- endset -%}
-{%- set bounds = consumer_records_scan_bounds(stored_positions_query) %}
+{%- set change_batch = changelake_reads_change_batch() %}
+{%- set bounds = consumer_records_scan_bounds(
+    change_positions_query(this, change_positions), batch=change_batch
+) %}
+-- depends_on: {{ ref('record_changes') }}
 
 with
-
-sequin_events as (
-
-    select * from {{ ref('sequin_events') }}
-
-),
-
-snapshot_rows_placed as (
-
-    select * from {{ ref('snapshot_rows_placed') }}
-
-),
 
 {% if is_incremental() %}
     current_versions as (
@@ -61,253 +50,15 @@ snapshot_rows_placed as (
             {% endif %}
 
     ),
-
-    stored_positions as (
-
-        -- An event that changed no version (a delete of an unknown key, a truncate of a table with
-        -- no live row) is folded again next run, which again changes nothing.
-        {{ rows_as_relation(bounds.stored_rows, [
-            ['source', 'string'],
-            ['max_seq', 'bigint'],
-            ['max_commit_lsn', 'bigint'],
-        ], bounds.stored_positions_query) }}
-
-    ),
 {% endif %}
 
-new_events as (
+{{ change_log_ctes(change_batch, bounds, is_incremental()) }},
 
-    select sequin_events.*
-    from sequin_events
-    {% if is_incremental() %}
-        inner join stored_positions
-            on sequin_events.source = stored_positions.source
-        where
-            sequin_events.seq > coalesce(stored_positions.max_seq, 0)
-            {% if bounds.stored_rows is not none %}
-                and {{ bounds.stored_sources_events_filter }}
-            {% endif %}
-        union all
-        select sequin_events.*
-        from sequin_events
-        left anti join stored_positions
-            on sequin_events.source = stored_positions.source
-        {% if bounds.stored_rows is not none %}
-            where {{ bounds.other_sources_events_filter }}
-        {% endif %}
-    {% endif %}
-
-),
-
-new_snapshot_rows as (
-
-    select snapshot_rows_placed.*
-    from snapshot_rows_placed
-    {% if is_incremental() %}
-        inner join stored_positions
-            on snapshot_rows_placed.source = stored_positions.source
-        where
-            not snapshot_rows_placed.is_superseded
-            and snapshot_rows_placed.commit_lsn > stored_positions.max_commit_lsn
-            {% if bounds.stored_rows is not none %}
-                and {{ bounds.stored_sources_snapshot_rows_filter }}
-            {% endif %}
-        union all
-        select snapshot_rows_placed.*
-        from snapshot_rows_placed
-        left anti join stored_positions
-            on snapshot_rows_placed.source = stored_positions.source
-        where
-            not snapshot_rows_placed.is_superseded
-            {% if bounds.stored_rows is not none %}
-                and {{ bounds.other_sources_snapshot_rows_filter }}
-            {% endif %}
-    {% else %}
-        where not snapshot_rows_placed.is_superseded
-    {% endif %}
-
-),
-
-event_key_changes as (
-
-    {{ event_keys(
-        'new_events',
-        [
-            'source', 'table_schema', 'table_name', 'action', 'commit_lsn', 'commit_index', 'seq',
-            'commit_timestamp', 'record', 'old_record', 'old_record_pk', 'unchanged_toast',
-        ],
-    ) }}
-
-),
-
-{{ moved_toast_values(
-    'new_events', 'new_snapshot_rows', 'current_versions' if is_incremental() else none, needed=bounds.moves_toast
+{{ keyed_record_changes(
+    'record_changes', 'current_versions' if is_incremental() else none, moves_toast=bounds.moves_toast,
+    events=none if change_batch is not none else 'new_events',
+    snapshot_rows=none if change_batch is not none else 'new_snapshot_rows',
 ) }},
-
-row_changes as (
-
-    -- As in consumer_records; change_action is what a version's started_by / ended_by says (the old
-    -- key of a primary-key change is deleted).
-    select
-        event_key_changes.source,
-        event_key_changes.table_schema,
-        event_key_changes.table_name,
-        event_key_changes.record_pk,
-        case
-            when event_key_changes.action = 'delete' or event_key_changes.is_old_key then 'delete'
-            else 'upsert'
-        end as change_kind,
-        event_key_changes.commit_lsn,
-        event_key_changes.commit_index,
-        event_key_changes.seq,
-        event_key_changes.commit_timestamp,
-        case
-            when event_key_changes.is_old_key then cast(null as string)
-            else event_key_changes.record
-        end as record,
-        coalesce(moved_toast_values.old_record, event_key_changes.old_record) as old_record,
-        case
-            when event_key_changes.is_old_key then cast(array() as array<string>)
-            else event_key_changes.unchanged_toast
-        end as unchanged_toast,
-        case
-            when event_key_changes.action = 'delete' or event_key_changes.is_old_key then -1
-            when
-                event_key_changes.action = 'insert'
-                or (
-                    event_key_changes.old_record_pk is not null
-                    and event_key_changes.old_record_pk != event_key_changes.record_pk
-                )
-                then 1
-            else 0
-        end as occupancy_delta,
-        case when event_key_changes.is_old_key then 'delete' else event_key_changes.action end as change_action
-    from event_key_changes
-    left join moved_toast_values
-        on
-            event_key_changes.source = moved_toast_values.source
-            and event_key_changes.record_pk = moved_toast_values.record_pk
-            and event_key_changes.commit_lsn = moved_toast_values.commit_lsn
-            and event_key_changes.commit_index = moved_toast_values.commit_index
-            and not event_key_changes.is_old_key
-
-),
-
-snapshot_changes as (
-
-    select
-        source,
-        table_schema,
-        table_name,
-        record_pk,
-        'snapshot' as change_kind,
-        commit_lsn,
-        commit_index,
-        cast(null as bigint) as seq,
-        read_at as commit_timestamp,
-        record,
-        cast(null as string) as old_record,
-        cast(array() as array<string>) as unchanged_toast,
-        0 as occupancy_delta,
-        'snapshot' as change_action
-    from new_snapshot_rows
-
-),
-
-truncates as (
-
-    select
-        new_events.source,
-        new_events.commit_lsn,
-        new_events.commit_index,
-        new_events.seq,
-        new_events.commit_timestamp,
-        {{ truncated_table_parts('truncated.truncated_table') }}
-    from new_events
-        lateral view explode(new_events.truncated_tables) truncated as truncated_table
-    where new_events.action = 'truncate'
-
-),
-
--- ST03 is excluded here: only an incremental run (which has stored versions) reads this CTE.
-truncated_tables as (  -- noqa: ST03
-
-    select distinct
-        source,
-        table_schema,
-        table_name
-    from truncates
-
-),
-
-keyed_changes as (
-
-    select * from row_changes
-    union all
-    select * from snapshot_changes
-
-),
-
-truncated_keys as (
-
-    -- A truncate is an event for every key of its table: the keys changed in this batch and
-    -- (incrementally) the keys with an open version.
-    select distinct
-        source,
-        table_schema,
-        table_name,
-        record_pk
-    from keyed_changes
-    {% if is_incremental() %}
-        union
-        select
-            current_versions.source,
-            current_versions.table_schema,
-            current_versions.table_name,
-            current_versions.record_pk
-        from current_versions
-        inner join truncated_tables
-            on
-                current_versions.source = truncated_tables.source
-                and current_versions.table_schema = truncated_tables.table_schema
-                and current_versions.table_name = truncated_tables.table_name
-    {% endif %}
-
-),
-
-truncate_changes as (
-
-    select
-        truncates.source,
-        truncates.table_schema,
-        truncates.table_name,
-        truncated_keys.record_pk,
-        'truncate' as change_kind,
-        truncates.commit_lsn,
-        truncates.commit_index,
-        truncates.seq,
-        truncates.commit_timestamp,
-        cast(null as string) as record,
-        cast(null as string) as old_record,
-        cast(array() as array<string>) as unchanged_toast,
-        0 as occupancy_delta,
-        'truncate' as change_action
-    from truncates
-    inner join truncated_keys
-        on
-            truncates.source = truncated_keys.source
-            and truncates.table_schema = truncated_keys.table_schema
-            and truncates.table_name = truncated_keys.table_name
-
-),
-
-all_changes as (
-
-    select * from keyed_changes
-    union all
-    select * from truncate_changes
-
-),
 
 key_histories as (
 

@@ -1,5 +1,5 @@
 {{ config(skip_when_unchanged=true) }}
--- Whole tables, not this run's rows: the invariant relates versions across runs (and models). A run
+-- The touched tables whole, not this run's rows: the invariant relates versions across runs (and models). A run
 -- that left every model it reads unchanged skips it (var changelake_full_tests runs it anyway).
 -- The as_of macro at the present (a far-future timestamp, and each source's last position as an
 -- LSN) gives exactly the live consumer_records rows (DESIGN §6 history: a consistent state of a
@@ -8,6 +8,10 @@
     record_history exists, e.g. a `dbt compile` or sqlfluff on a fresh warehouse). -#}
 {#- Not on a run that skips the test (its query is then a constant; this lookup reads the whole
     history). -#}
+{#- Scoped to the tables this run's change batch touched (macro changelake_touched_tables_predicate):
+    the folds wrote no other partition. Whole tables with var changelake_full_tests (the nightly
+    check), after a full build of a fold, or in a `dbt test` that built nothing. -#}
+{%- set touched = changelake_touched_tables_predicate('scoped') -%}
 {%- set history_exists = execute and not changelake_test_inputs_unchanged()
     and load_relation(ref('record_history')) is not none -%}
 {%- set last_positions = query_rows_at_execution(
@@ -18,25 +22,28 @@ with
 live_records as (
 
     select
-        source,
-        table_schema,
-        table_name,
-        record_pk,
-        record
-    from {{ ref('consumer_records') }}
-    where not deleted
+        scoped.source,
+        scoped.table_schema,
+        scoped.table_name,
+        scoped.record_pk,
+        scoped.record
+    from {{ ref('consumer_records') }} as scoped
+    where
+        not scoped.deleted
+        and {{ touched }}
 
 ),
 
 as_of_now as (
 
     select
-        source,
-        table_schema,
-        table_name,
-        record_pk,
-        record
-    from ({{ as_of(ref('record_history'), '9999-12-31 00:00:00') }}) as state_now
+        scoped.source,
+        scoped.table_schema,
+        scoped.table_name,
+        scoped.record_pk,
+        scoped.record
+    from ({{ as_of(ref('record_history'), '9999-12-31 00:00:00') }}) as scoped
+    where {{ touched }}
 
 ),
 
@@ -44,12 +51,13 @@ as_of_last_positions as (
 
     {% for position in (last_positions or []) %}
         select
-            source,
-            table_schema,
-            table_name,
-            record_pk,
-            record
-        from ({{ as_of(ref('record_history'), position.max_lsn, source=position.source) }}) as state_at_lsn
+            scoped.source,
+            scoped.table_schema,
+            scoped.table_name,
+            scoped.record_pk,
+            scoped.record
+        from ({{ as_of(ref('record_history'), position.max_lsn, source=position.source) }}) as scoped
+        where {{ touched }}
         union all
     {% endfor %}
     select * from live_records

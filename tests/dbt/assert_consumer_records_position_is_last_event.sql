@@ -1,5 +1,5 @@
 {{ config(skip_when_unchanged=true) }}
--- Whole tables, not this run's rows: the invariant relates rows across models and runs, so a
+-- The touched tables whole, not this run's rows: the invariant relates rows across models and runs, so a
 -- violation can sit in rows this run did not write. A run that left every model it reads
 -- unchanged skips it (skip_when_unchanged; var changelake_full_tests runs it anyway).
 -- Invariants DESIGN §6 and §7.1 (a record is the state after the last event for its key): a
@@ -7,17 +7,24 @@
 -- change away from it), or a later truncate of its table that deleted it; a snapshot record's
 -- position (its page's watermark) is never below the last event for its key; every key that has
 -- an event has a record.
+-- Scoped to the tables this run's change batch touched (macro changelake_touched_tables_predicate):
+-- the folds wrote no other partition, and every event new to sequin_events is in the batch (its seq
+-- is above both folds' positions). Whole tables with var changelake_full_tests (the nightly check),
+-- after a full build of a fold, or in a `dbt test` that built nothing.
+{%- set touched = changelake_touched_tables_predicate('scoped') %}
 with
 
 sequin_events as (
 
-    select * from {{ ref('sequin_events') }}
+    select scoped.* from {{ ref('sequin_events') }} as scoped
+    where ({{ touched }} or scoped.action = 'truncate')
 
 ),
 
 consumer_records as (
 
-    select * from {{ ref('consumer_records') }}
+    select scoped.* from {{ ref('consumer_records') }} as scoped
+    where {{ touched }}
 
 ),
 

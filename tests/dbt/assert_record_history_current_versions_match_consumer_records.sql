@@ -1,21 +1,28 @@
 {{ config(skip_when_unchanged=true) }}
--- Whole tables, not this run's rows: the invariant relates versions across runs (and models). A run
+-- The touched tables whole, not this run's rows: the invariant relates versions across runs (and models). A run
 -- that left every model it reads unchanged skips it (var changelake_full_tests runs it anyway).
 -- Invariant DESIGN §6 for record_history: its current versions are consumer_records' live rows (same
 -- record, position, seq, origin, commit time and re-read flag), a deleted record has no current
 -- version, and the last version of a deleted record ends by a delete or truncate at or before its
 -- tombstone.
+-- Scoped to the tables this run's change batch touched (macro changelake_touched_tables_predicate):
+-- the folds wrote no other partition, and every event new to sequin_events is in the batch (its seq
+-- is above both folds' positions). Whole tables with var changelake_full_tests (the nightly check),
+-- after a full build of a fold, or in a `dbt test` that built nothing.
+{%- set touched = changelake_touched_tables_predicate('scoped') %}
 with
 
 consumer_records as (
 
-    select * from {{ ref('consumer_records') }}
+    select scoped.* from {{ ref('consumer_records') }} as scoped
+    where {{ touched }}
 
 ),
 
 record_history as (
 
-    select * from {{ ref('record_history') }}
+    select scoped.* from {{ ref('record_history') }} as scoped
+    where {{ touched }}
 
 ),
 

@@ -1,14 +1,20 @@
 {{ config(skip_when_unchanged=true) }}
--- Whole tables, not this run's rows: the invariant relates versions across runs (and models). A run
+-- The touched tables whole, not this run's rows: the invariant relates versions across runs (and models). A run
 -- that left every model it reads unchanged skips it (var changelake_full_tests runs it anyway).
 -- record_history's versions of a record form a timeline (DESIGN §6, §8 history): each starts
 -- before it ends (position order), is current exactly when it has no end, only the last one may be
 -- open, and none starts before the previous one ended (no overlap).
+-- Scoped to the tables this run's change batch touched (macro changelake_touched_tables_predicate):
+-- the folds wrote no other partition, and every event new to sequin_events is in the batch (its seq
+-- is above both folds' positions). Whole tables with var changelake_full_tests (the nightly check),
+-- after a full build of a fold, or in a `dbt test` that built nothing.
+{%- set touched = changelake_touched_tables_predicate('scoped') %}
 with
 
 record_history as (
 
-    select * from {{ ref('record_history') }}
+    select scoped.* from {{ ref('record_history') }} as scoped
+    where {{ touched }}
 
 ),
 

@@ -141,7 +141,8 @@ def test_ingest_and_dbt_build_reproduce_the_source(warehouse: Path, make_source:
     # Issue 21, nothing new: no model of it ran a statement and no table of it got a Delta commit
     # (source_health is a view: a run only re-creates it).
     assert silver_versions(warehouse) == versions
-    assert out.count("skipped: nothing new past the loaded safe bound") == 4, out  # record_history too
+    # sequin_events, snapshot_rows_placed, record_changes, consumer_records, record_history
+    assert out.count("skipped: nothing new past the loaded safe bound") == 5, out
     assert out.count("skipped: positions unchanged") == 3 and "skipped: bounds already loaded" in out, out
     assert out.count("skipped: inputs unchanged") == len(GOLD_UNCHANGED_WHEN_IDLE), out
     loaded = {r.source: r.loaded_safe_lsn for r in silver(warehouse, "loaded_bounds")}
@@ -170,6 +171,11 @@ def test_ingest_and_dbt_build_reproduce_the_source(warehouse: Path, make_source:
     for model in ("consumer_records", "record_history"):
         assert "moved_toast_values as" in (models / f"{model}.sql").read_text(), model
         assert "moved_toast_sources" not in (models / f"{model}.sql").read_text(), model
+    # The singular whole-table checks read the tables this build's change batch touched (both folds
+    # read the batch: macro changelake_touched_tables_predicate).
+    singular = warehouse.parent / "dbt-target" / "run" / "changelake" / "tests" / "dbt"
+    scoped = (singular / "assert_record_history_versions_follow_each_other.sql").read_text()
+    assert f"(scoped.source = '{s.name}' and scoped.table_schema = " in scoped, scoped
     history_test = compiled_test(compiled.parent / "_record_history.yml", "columns_not_null_", "record_history")
     assert f"source = '{s.name}' and commit_lsn > {loaded[s.name]} and commit_lsn <= " in history_test
     check_equal(warehouse, s)
