@@ -132,8 +132,10 @@ def test_a_table_created_and_filled_by_a_migration_is_captured_without_a_restart
     assert len(paged) == len(set(paged)), "a row was paged twice"
     assert len(streamed_inserts) == len(set(streamed_inserts)), "an insert was streamed twice"
     # The migration's rows were written before the table was published: only the snapshot has them.
-    assert set(range(1, 501)) <= set(paged) and not set(range(1, 501)) & set(streamed_inserts)
-    assert set(range(1, 521)) <= set(paged) | set(streamed_inserts)
+    # Row 2 is paged only if its page was read before the test deleted it (then the delete event
+    # alone removes it); either way the table in bronze equals the source (in_bronze above).
+    assert set(range(1, 501)) - {2} <= set(paged) and not set(range(1, 501)) & set(streamed_inserts)
+    assert set(range(1, 521)) - {2} <= set(paged) | set(streamed_inserts)
     assert [e.action for e in events if e.action != "insert"] == ["update", "delete"]
 
 
