@@ -77,7 +77,7 @@ def test_both_folds_read_one_batch_and_a_lagging_fold_catches_up(warehouse: Path
     capture_once(warehouse, s.config(snapshot={"initial": False}))
     dbt(warehouse, "run", "--select", "silver", "--exclude", "record_history", "record_changes")
     assert not reads_batch(warehouse, "consumer_records")
-    # Issue 29 (was test_dbt_loaded_bounds.py): with a loader (a model skipped when nothing is new)
+    # With a loader (a model skipped when nothing is new)
     # left out, nothing is marked loaded; marking this batch loaded made every later run skip it
     # for record_history, and it never reached the history. The next full run loads it (below).
     assert silver(warehouse, "loaded_bounds") == []
