@@ -301,6 +301,10 @@ class PostgresSource(_MaskedSource):
     # while it runs (pgoutput protocol 2), held by ingest until it commits, instead of spilling it
     # to the server's disk; false keeps protocol 1 (docs/postgres.md).
     streaming: bool = True
+    # When `dsn` is a physical standby (PostgreSQL 16+): a connection to its primary, used only for
+    # the few logical messages that must be in WAL and for publication changes; the slot, the
+    # stream and snapshot reads stay on the standby (docs/postgres.md, Capture from a standby).
+    primary_dsn: str | None = None
     # The tables the selection resolved to (set_tables); until resolved, the named entries.
     _resolved: tuple[str, ...] | None = PrivateAttr(default=None)
     _selection: tuple[tuple[tuple[str, ...], tuple[str, ...]], Selection] | None = PrivateAttr(default=None)
@@ -316,6 +320,11 @@ class PostgresSource(_MaskedSource):
     @classmethod
     def _dsn_parses(cls, v: str) -> str:
         return check_postgres_dsn(v)
+
+    @field_validator("primary_dsn")
+    @classmethod
+    def _primary_dsn_parses(cls, v: str | None) -> str | None:
+        return None if v is None else check_postgres_dsn(v)
 
     @field_validator("selectors")
     @classmethod

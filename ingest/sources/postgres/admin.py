@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import psycopg
@@ -29,6 +30,13 @@ from ingest.sources.postgres.replication import (
     session_conninfo,
 )
 from ingest.sources.postgres.scope import adopt_scope, publication_members, publish_after_writers
+from ingest.sources.postgres.standby import (
+    WAL_POSITION_SQL,
+    check_standby,
+    primary_dsn,
+    server_role,
+    standby_snapshots_logged,
+)
 
 log = logging.getLogger(__name__)
 
@@ -58,19 +66,21 @@ class SlotHealth:
         return max(0, self.current_wal_lsn - self.confirmed_flush_lsn)
 
 
-def connect(src: PostgresSource) -> psycopg.Connection[tuple[object, ...]]:
+def connect(src: PostgresSource, primary: bool = False) -> psycopg.Connection[tuple[object, ...]]:
     """An autocommit connection for ingest's own short statements; SourceError if it fails.
 
-    Deterministic value output, local commits and bounded statements (`session_conninfo`).
+    Deterministic value output, local commits and bounded statements (`session_conninfo`). With
+    `primary`, to the source's `primary_dsn` (a standby source's writes; SourceError naming the
+    option when it is not set).
     """
+    dsn = primary_dsn(src) if primary else src.dsn
     try:
-        return psycopg.connect(
-            session_conninfo(src.dsn, application_name(src.name), own_statements=True), autocommit=True
-        )
+        return psycopg.connect(session_conninfo(dsn, application_name(src.name), own_statements=True), autocommit=True)
     except psycopg.OperationalError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else "connection failed"
         error = SourceUnavailableError if is_transient(e) else SourceError
-        raise error(f"source {src.name!r}: cannot connect to {safe_dsn(src.dsn)}: {first}") from None
+        what = "primary_dsn " if primary else ""
+        raise error(f"source {src.name!r}: cannot connect to {what}{safe_dsn(dsn)}: {first}") from None
 
 
 class PostgresAdmin:
@@ -85,10 +95,29 @@ class PostgresAdmin:
         """Connect to `src` (SourceError with the DSN minus its password if that fails)."""
         self.src = src
         self.conn = connect(src)
+        self._standby: bool | None = None
+        self._primary: psycopg.Connection[tuple[object, ...]] | None = None
 
     def close(self) -> None:
-        """Close the connection."""
+        """Close the connection (and the one to the primary of a standby source)."""
         self.conn.close()
+        if self._primary is not None:
+            self._primary.close()
+
+    @property
+    def standby(self) -> bool:
+        """Whether the source's server is a standby (in recovery): its writes then go to `primary_dsn`."""
+        if self._standby is None:
+            self._standby = server_role(self.conn).in_recovery
+        return self._standby
+
+    def writer(self) -> psycopg.Connection[tuple[object, ...]]:
+        """The connection ingest's logical messages are written through: the primary's for a standby."""
+        if not self.standby:
+            return self.conn
+        if self._primary is None:
+            self._primary = connect(self.src, primary=True)
+        return self._primary
 
     def _one(self, query: str | sql.Composed, params: tuple[object, ...] = ()) -> tuple[object, ...] | None:
         with self.conn.cursor() as cur:
@@ -124,6 +153,8 @@ class PostgresAdmin:
                 f"source {self.src.name!r}: role lacks the REPLICATION attribute; "
                 "run ALTER ROLE <user> REPLICATION as a superuser"
             )
+        if self.standby:
+            check_standby(self.src, server_role(self.conn), server_role(self.writer()))
 
     def _check_identity(self, qualified: str, replident: str, has_pk: bool, pk_deferrable: bool = False) -> None:
         """A table's replica identity must key its changes, before the publication is touched.
@@ -435,7 +466,12 @@ class PostgresAdmin:
         row = self._one("select current_setting('server_version_num')::int")
         # Creating a slot waits for every transaction running now to end: not one of the session's short statements.
         self._one("select set_config('statement_timeout', '0', false)")
-        if row is not None and int(str(row[0])) >= FAILOVER_SLOTS_VERSION:
+        if self.standby:
+            # A slot on a standby cannot be a failover slot (the server refuses it), and waits for a
+            # running-transactions record from the primary.
+            with standby_snapshots_logged(self.src.name, self.writer()):
+                self._one("select pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        elif row is not None and int(str(row[0])) >= FAILOVER_SLOTS_VERSION:
             # (slot_name, plugin, temporary, twophase, failover)
             self._one("select pg_create_logical_replication_slot(%s, 'pgoutput', false, false, true)", (slot,))
         else:
@@ -448,7 +484,9 @@ class PostgresAdmin:
         row = self._one("select plugin, wal_status from pg_replication_slots where slot_name = %s", (slot,))
         if row is None:
             self._create_slot(slot)
+            self.warn_unsynchronized_failover()
             return True
+        self.warn_unsynchronized_failover()
         plugin, wal_status = row
         if plugin != "pgoutput":
             raise SourceError(f"source {self.src.name!r}: slot {slot!r} uses plugin {plugin!r}, not pgoutput")
@@ -468,6 +506,29 @@ class PostgresAdmin:
                 "during the gap end deleted). Raise max_slot_wal_keep_size so this does not recur."
             )
         return False
+
+    def warn_unsynchronized_failover(self) -> None:
+        """Warn when the slot is a failover slot on a primary with `synchronized_standby_slots` empty.
+
+        Then the primary sends ingest changes no standby has received yet: after a failover the
+        promoted standby's synchronized slot can be behind what bronze holds, and its history
+        differs from bronze's for the changes it never got (docs/postgres.md, Failover).
+        """
+        if self.standby:
+            return
+        row = self._one(
+            "select s.failover, current_setting('synchronized_standby_slots', true) from pg_replication_slots s "
+            "where s.slot_name = %s and current_setting('server_version_num')::int >= %s",
+            (self.src.slot_name, FAILOVER_SLOTS_VERSION),
+        )
+        if row is not None and row[0] is True and not str(row[1] or "").strip():
+            log.warning(
+                "source=%s slot %s is a failover slot but synchronized_standby_slots is empty on the primary: "
+                "ingest may receive changes a standby has not, and after a failover the promoted standby would "
+                "not have them; list the standbys' physical slots in synchronized_standby_slots",
+                self.src.name,
+                self.src.slot_name,
+            )
 
     def record_key(self, relation_id: int) -> list[str]:
         """The columns that identify a record of `relation_id`, in key order (empty if none).
@@ -522,8 +583,9 @@ class PostgresAdmin:
         and leaves this connection unusable, so that the stream's loop is never held by it.
         """
         what = f"source {self.src.name!r}: {prefix} message"
-        with abort_after(self.conn.pgconn.socket, OWN_STATEMENT_DEADLINE_S, what):
-            row = self._one("select pg_logical_emit_message(true, %s, %s)::text", (prefix, content))
+        conn = self.writer()  # on a standby source the primary's: its WAL replicates to the slot's server
+        with abort_after(conn.pgconn.socket, OWN_STATEMENT_DEADLINE_S, what):
+            row = conn.execute("select pg_logical_emit_message(true, %s, %s)::text", (prefix, content)).fetchone()
         assert row is not None
         return lsn_to_int(str(row[0]))
 
@@ -531,7 +593,7 @@ class PostgresAdmin:
         """Confirmed position, current WAL position, wal_status and active PID of the slot."""
         slot = self.src.slot_name
         row = self._one(
-            "select s.confirmed_flush_lsn::text, pg_current_wal_lsn()::text, s.wal_status, s.active_pid "
+            f"select s.confirmed_flush_lsn::text, ({WAL_POSITION_SQL})::text, s.wal_status, s.active_pid "
             "from (select 1) one left join pg_replication_slots s on s.slot_name = %s",
             (slot,),
         )
@@ -546,6 +608,32 @@ class PostgresAdmin:
         )
 
 
+def publish_on_primary(admin: PostgresAdmin) -> None:
+    """Make the publication a standby source reads from on its primary, and wait for the standby to replay it.
+
+    A publication is a catalog row: the standby has it once it replays the primary's change, and
+    its slot decodes with it from there.
+    """
+    src = admin.src
+    on_primary = src.model_copy(update={"dsn": src.primary_dsn})
+    on_primary.set_tables(tuple(src.tables))
+    primary = PostgresAdmin(on_primary)
+    try:
+        primary.ensure_publication()
+        row = primary._one("select pg_current_wal_flush_lsn()::text")
+    finally:
+        primary.close()
+    assert row is not None
+    deadline = time.monotonic() + OWN_STATEMENT_DEADLINE_S
+    while admin._one("select pg_last_wal_replay_lsn() >= %s::pg_lsn", (str(row[0]),)) != (True,):
+        if time.monotonic() > deadline:
+            raise SourceUnavailableError(
+                f"source {src.name!r}: the standby did not replay the primary's WAL as far as {row[0]} in "
+                f"{OWN_STATEMENT_DEADLINE_S} s (its publication changes are there); trying again"
+            )
+        time.sleep(0.05)
+
+
 def prepare_source(src: PostgresSource) -> PostgresAdmin:
     """Check the source and create what is missing (publication, slot); returns the admin connection."""
     admin = PostgresAdmin(src)
@@ -553,7 +641,10 @@ def prepare_source(src: PostgresSource) -> PostgresAdmin:
         admin.check_server()
         adopt_scope(admin)
         admin.check_tables()
-        admin.ensure_publication()
+        if admin.standby:
+            publish_on_primary(admin)
+        else:
+            admin.ensure_publication()
         admin.check_published_tables()
         if admin.ensure_slot():
             log.info("created slot source=%s slot=%s", src.name, src.slot_name)

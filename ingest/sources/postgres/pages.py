@@ -19,9 +19,11 @@ from ingest.config import PostgresSource
 from ingest.errors import SourceError, SourceUnavailableError
 from ingest.events import SnapshotRow, lsn_to_int
 from ingest.sources.postgres import copy_text
+from ingest.sources.postgres.admin import connect
 from ingest.sources.postgres.catalog import TableShape
 from ingest.sources.postgres.replication import connect_value_session
 from ingest.sources.postgres.rows import encode_key, encode_record, json_keys
+from ingest.sources.postgres.standby import read_standby_snapshot
 from ingest.sources.postgres.values import Encoder, TypeCatalog, non_utf8_tolerant
 
 if TYPE_CHECKING:
@@ -91,10 +93,16 @@ class PageReader:
         self.src = src
         self.hook = hook
         self.conn = connect_value_session(src.name, src.dsn, "snapshot connection")
+        # On a standby the pages are read there and their watermarks committed on the primary.
+        self.standby = self._exec(b"select pg_is_in_recovery()").get_value(0, 0) == b"t"
+        self.primary = connect(src, primary=True) if self.standby else None
 
     def close(self) -> None:
-        """Close the connection."""
+        """Close the connections."""
         self.conn.finish()
+        if self.primary is not None:
+            self.primary.close()
+
 
     def _exec(self, query: bytes, params: Sequence[bytes | None] = ()) -> pq.abc.PGresult:
         return self._exec_result(self.conn.exec_params(query, list(params)) if params else self.conn.exec_(query))
@@ -197,8 +205,15 @@ class PageReader:
     def _begin(self, task: SnapshotTask, page: int) -> tuple[int, int, tuple[int, ...], int]:
         """Open the page's transaction and take its snapshot: (xmin, xmax, in-progress xids, read time in us)."""
         self._hook("before_read", task, page)
-        self._exec(b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        self._hook("after_begin", task, page)
+
+        def begin() -> None:
+            self._exec(b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            self._hook("after_begin", task, page)
+
+        if self.standby:
+            xmin, xmax, xip = read_standby_snapshot(self._exec, begin, lambda: self._exec(b"ROLLBACK"), self.src.name)
+            return xmin, xmax, xip, int(time.time() * 1_000_000)
+        begin()
         # The first statement takes the transaction's snapshot: the page reads under exactly it.
         snap = self._exec(
             b"select pg_snapshot_xmin(s)::text, pg_snapshot_xmax(s)::text, "
@@ -429,10 +444,23 @@ class PageReader:
     def watermark(self, task: SnapshotTask, page: int) -> int:
         """Commit the page's high watermark (a transactional logical message); returns its LSN."""
         content = f"{task.table}:{task.snapshot_id}:{page}".encode()
+        if self.primary is not None:
+            # Committed after the page's snapshot was taken on the standby, so after every commit it
+            # saw: the standby had replayed those from this same WAL (docs/postgres.md).
+            row = self.primary.execute(
+                "select pg_logical_emit_message(true, %s, %s)::text", (WATERMARK_PREFIX, content.decode())
+            ).fetchone()
+            return lsn_to_int(str(row[0]) if row else "")
         res = self._exec(b"select pg_logical_emit_message(true, $1, $2)::text", [WATERMARK_PREFIX.encode(), content])
         return lsn_to_int((res.get_value(0, 0) or b"").decode())
 
     def current_lsn(self) -> int:
-        """The server's current WAL insert position (no later watermark can be at or below it)."""
+        """The server's current WAL insert position (no later watermark can be at or below it).
+
+        The primary's for a standby source: its watermarks are written there.
+        """
+        if self.primary is not None:
+            row = self.primary.execute("select pg_current_wal_insert_lsn()::text").fetchone()
+            return lsn_to_int(str(row[0]) if row else "")
         res = self._exec(b"select pg_current_wal_insert_lsn()::text")
         return lsn_to_int((res.get_value(0, 0) or b"").decode())

@@ -16,14 +16,16 @@ from ingest.errors import SourceError
 from ingest.events import lsn_to_int
 from ingest.ops.health import SlotState
 from ingest.sources.postgres.admin import connect
+from ingest.sources.postgres.standby import WAL_POSITION_SQL
 
 # safe_wal_size and max_slot_wal_keep_size exist from PostgreSQL 13 on.
+# On a standby source the WAL position is the replayed one (WAL_POSITION_SQL).
 SLOT_STATE_SQL: Final = (
-    "select s.slot_name is not null, s.confirmed_flush_lsn::text, pg_current_wal_lsn()::text, s.wal_status, "
+    f"select s.slot_name is not null, s.confirmed_flush_lsn::text, ({WAL_POSITION_SQL})::text, s.wal_status, "
     "s.safe_wal_size, s.active_pid, pg_size_bytes(current_setting('max_slot_wal_keep_size')), "
     # greatest() skips a null: without the case, a missing slot would show lag 0
     "case when s.confirmed_flush_lsn is not null "
-    "then greatest(0, pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn))::bigint end "
+    f"then greatest(0, pg_wal_lsn_diff({WAL_POSITION_SQL}, s.confirmed_flush_lsn))::bigint end "
     "from (select 1) one left join pg_replication_slots s on s.slot_name = %s"
 )
 

@@ -1,0 +1,183 @@
+"""Capture from a physical standby on PostgreSQL 16: slot, stream and snapshot on the standby (real servers).
+
+A primary and a streaming standby of it (a cold copy of its data directory, scratch_pg). The
+source's `dsn` is the standby's and its `primary_dsn` the primary's: ingest's logical messages
+(drain marker, heartbeats, snapshot watermarks) and the publication are written there, and
+replicate to the standby, where the slot decodes them. A workload runs on the primary while a
+snapshot of the table is paged on the standby; bronze, folded by the placement rule, must equal
+the primary's rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from ingest.errors import SourceError
+from tests.helpers.bronze_fold import live_records, table_rows
+from tests.helpers.pg import PgSource, capture_once, drop_slot, prepare
+from tests.helpers.scratch_pg import ScratchCluster, pg_bindir
+
+pytestmark = pytest.mark.integration
+
+STANDBY_MAJOR = 16  # the first that decodes on a standby
+FAILOVER_MAJOR = 17  # the first with failover slots
+PRIMARY_PORT, STANDBY_PORT, LONE_PORT = 54393, 54394, 54395
+STANDBY_SLOT = "changelake_standby_capture"
+ROWS = 60
+TABLES_SQL = "create table acct (id int primary key, owner text)"
+
+
+def _need(major: int) -> None:
+    try:
+        pg_bindir(major)
+    except RuntimeError as e:
+        pytest.skip(f"PostgreSQL {major} binaries are missing ({e})")
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[tuple[ScratchCluster, ScratchCluster]]:
+    """A PostgreSQL 16 primary and its streaming standby."""
+    _need(STANDBY_MAJOR)
+    primary = ScratchCluster(PRIMARY_PORT, major=STANDBY_MAJOR)
+    standby: ScratchCluster | None = None
+    try:
+        standby = ScratchCluster.standby_of(primary, STANDBY_PORT, STANDBY_SLOT)
+        yield primary, standby
+    finally:
+        if standby is not None:
+            standby.remove()
+        primary.remove()
+
+
+def _flushed(conn: Any) -> str:
+    row = conn.execute("select pg_current_wal_flush_lsn()::text").fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def _slots(dsn: str, slot: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        row = c.execute("select count(*) from pg_replication_slots where slot_name = %s", (slot,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_standby_source_captures_a_primary_workload_and_places_its_snapshot_exactly(
+    pair: tuple[ScratchCluster, ScratchCluster], tmp_path: Path
+) -> None:
+    """Bronze from the standby folds to the primary's rows; an update open across a page supersedes its row.
+
+    The update of id 5 is running when page 0 takes its snapshot on the standby and commits
+    before the page's watermark: the page read the old row, and only the update's xid in the
+    page's in-progress list drops it. pg_current_snapshot() on a standby lists none (a hot
+    standby keeps them where pg_snapshot does not look): with its list, the old row was placed
+    after the update and bronze folded to the stale owner.
+    """
+    primary, standby = pair
+    s = PgSource(primary.dsn, TABLES_SQL, ["acct"])
+    try:
+        s.execute(f"insert into acct select i, 'o' || i from generate_series(1, {ROWS}) i")
+        src = s.config().model_copy(update={"dsn": standby.dsn, "primary_dsn": primary.dsn})
+        prepare(src)
+        assert _slots(standby.dsn, src.slot_name) == 1 and _slots(primary.dsn, src.slot_name) == 0
+
+        open_update = psycopg.connect(primary.dsn)
+        stop = threading.Event()
+
+        def workload() -> None:
+            with psycopg.connect(primary.dsn, autocommit=True) as c:
+                i = 0
+                while not stop.wait(0.01):
+                    i += 1
+                    c.execute(f"insert into {s.schema}.acct values (%s, 'w')", (1000 + i,))
+                    # ids of page 0 are left to the open update
+                    c.execute(f"update {s.schema}.acct set owner = 'u' || %s where id = %s", (i, 11 + i % (ROWS - 10)))
+                    if i % 7 == 0:
+                        c.execute(f"delete from {s.schema}.acct where id = %s", (1000 + i - 3,))
+
+        def hook(point: str, task: Any, page: int) -> None:
+            if page != 0:
+                return
+            if point == "before_read":
+                # In progress (with its xid) when the page's snapshot is taken; a later commit raises
+                # the standby's xmax past it, so only the in-progress list can hide it.
+                open_update.execute(f"update {s.schema}.acct set owner = 'late' where id = 5")
+                s.execute("insert into acct values (999, 'after')")
+                standby.wait_replayed(_flushed(s.conn))
+            elif point == "after_read":
+                open_update.commit()
+
+        worker = threading.Thread(target=workload, daemon=True)
+        worker.start()
+        try:
+            capture_once(tmp_path, src, snapshots=True, snapshot_hook=hook, page_rows=10)
+        finally:
+            stop.set()
+            worker.join()
+            open_update.close()
+        standby.wait_replayed(_flushed(s.conn))
+        capture_once(tmp_path, src, snapshots=True)
+
+        live = live_records(tmp_path, src.name)[f"{s.schema}.acct"]
+        expected = table_rows(s.conn, f"{s.schema}.acct")
+        assert live['{"id":5}']["owner"] == "late"
+        assert live == expected
+        assert _slots(primary.dsn, src.slot_name) == 0
+    finally:
+        s.drop()
+        with psycopg.connect(standby.dsn, autocommit=True) as c:
+            if _slots(standby.dsn, src.slot_name):
+                drop_slot(c, src.slot_name)
+
+
+def test_a_standby_source_without_primary_dsn_is_refused_naming_the_option(
+    pair: tuple[ScratchCluster, ScratchCluster],
+) -> None:
+    """A standby cannot write the messages ingest needs: the start says to set primary_dsn, and creates nothing."""
+    primary, standby = pair
+    s = PgSource(primary.dsn, TABLES_SQL, ["acct"])
+    try:
+        src = s.config().model_copy(update={"dsn": standby.dsn})
+        with pytest.raises(SourceError, match="is a standby.*set `primary_dsn`"):
+            prepare(src)
+        assert _slots(standby.dsn, src.slot_name) == 0
+    finally:
+        s.drop()
+
+
+def test_a_failover_slot_without_synchronized_standby_slots_is_warned_about(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On a 17+ primary whose synchronized_standby_slots is empty, a failover slot gets a warning saying what to set."""
+    _need(FAILOVER_MAJOR)
+    lone = ScratchCluster(LONE_PORT, major=FAILOVER_MAJOR)
+    try:
+        s = PgSource(lone.dsn, TABLES_SQL, ["acct"])
+        src = s.config()
+        with caplog.at_level(logging.WARNING, logger="ingest.sources.postgres.admin"):
+            prepare(src)
+        assert any("synchronized_standby_slots is empty" in r.getMessage() for r in caplog.records)
+        caplog.clear()
+        s.execute("select pg_create_physical_replication_slot(%s)", (STANDBY_SLOT,))
+        s.execute(f"alter system set synchronized_standby_slots = '{STANDBY_SLOT}'")
+        s.execute("select pg_reload_conf()")
+        deadline = time.monotonic() + 10
+        while True:
+            with psycopg.connect(lone.dsn) as c:  # a new session reads the reloaded setting
+                if c.execute("show synchronized_standby_slots").fetchone() == (STANDBY_SLOT,):
+                    break
+            assert time.monotonic() < deadline, "the reload did not take"
+            time.sleep(0.05)
+        with caplog.at_level(logging.WARNING, logger="ingest.sources.postgres.admin"):
+            prepare(src)
+        assert not any("synchronized_standby_slots" in r.getMessage() for r in caplog.records)
+    finally:
+        lone.remove()
