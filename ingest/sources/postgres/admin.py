@@ -111,6 +111,25 @@ class PostgresAdmin:
             self._standby = server_role(self.conn).in_recovery
         return self._standby
 
+    def await_standby(self) -> None:
+        """On a standby source, wait until the standby has replayed what its primary has flushed.
+
+        After ingest changed the publication on the primary: the standby's catalog then has the
+        change. SourceUnavailableError after OWN_STATEMENT_DEADLINE_S (a standby lagging that far).
+        """
+        if not self.standby:
+            return
+        row = self.writer().execute("select pg_current_wal_flush_lsn()::text").fetchone()
+        assert row is not None
+        deadline = time.monotonic() + OWN_STATEMENT_DEADLINE_S
+        while self._one("select pg_last_wal_replay_lsn() >= %s::pg_lsn", (str(row[0]),)) != (True,):
+            if time.monotonic() > deadline:
+                raise SourceUnavailableError(
+                    f"source {self.src.name!r}: the standby did not replay its primary's WAL as far as {row[0]} in "
+                    f"{OWN_STATEMENT_DEADLINE_S:g} s (ingest changed the publication there); trying again"
+                )
+            time.sleep(0.05)
+
     def writer(self) -> psycopg.Connection[tuple[object, ...]]:
         """The connection ingest's logical messages are written through: the primary's for a standby."""
         if not self.standby:
@@ -387,7 +406,7 @@ class PostgresAdmin:
             ", ".join(f"{n}.{t}" for n, t in extra),
             name,
         )
-        self.conn.execute(
+        self.writer().execute(
             sql.SQL("alter publication {} drop table {}").format(
                 sql.Identifier(name), sql.SQL(", ").join(sql.Identifier(n, t) for n, t in extra)
             )
@@ -514,12 +533,13 @@ class PostgresAdmin:
         promoted standby's synchronized slot can be behind what bronze holds, and its history
         differs from bronze's for the changes it never got (docs/postgres.md, Failover).
         """
-        if self.standby:
+        # Before 17 pg_replication_slots has no `failover` column: the query would not even plan.
+        if self.standby or self.conn.info.server_version < FAILOVER_SLOTS_VERSION:
             return
         row = self._one(
             "select s.failover, current_setting('synchronized_standby_slots', true) from pg_replication_slots s "
-            "where s.slot_name = %s and current_setting('server_version_num')::int >= %s",
-            (self.src.slot_name, FAILOVER_SLOTS_VERSION),
+            "where s.slot_name = %s",
+            (self.src.slot_name,),
         )
         if row is not None and row[0] is True and not str(row[1] or "").strip():
             log.warning(
