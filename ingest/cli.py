@@ -114,6 +114,9 @@ def _parser() -> argparse.ArgumentParser:
         "--table-columns", metavar="PATH", help="silver table_columns (default <warehouse>/dbt/silver.db/table_columns)"
     )
     gg.add_argument("--no-comments", action="store_true", help="do not read column comments from Postgres sources")
+    gg.add_argument(
+        "--check", action="store_true", help="write nothing; exit 2 naming the models whose files would change (CI)"
+    )
     return p
 
 
@@ -171,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
 
             from ingest import gold
 
-            for line in gold.generate(cfg, Path(args.out), args.source, args.table_columns, not args.no_comments):
+            comments = not args.no_comments
+            for line in gold.generate(cfg, Path(args.out), args.source, args.table_columns, comments, args.check):
                 print(line)
         elif args.command == "discover":
             from ingest import discover

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from ingest.errors import ConfigError
 from ingest.masking import SourceMasks
 from ingest.selection import Selection
+from ingest.tenants import TenantMerge, check_merges, fold_merge_entries
 
 DEFAULT_WAREHOUSE = "./warehouse"
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -305,6 +306,9 @@ class PostgresSource(_MaskedSource):
     # the few logical messages that must be in WAL and for publication changes; the slot, the
     # stream and snapshot reads stay on the standby (docs/postgres.md, Capture from a standby).
     primary_dsn: str | None = None
+    # Tables of one `tables:` pattern that gold merges into one model with a tenant column
+    # (ingest/tenants.py); also written inline in `tables` as `{pattern: ..., merge_as: ...}`.
+    merges: list[TenantMerge] = Field(default_factory=list)
     # The tables the selection resolved to (set_tables); until resolved, the named entries.
     _resolved: tuple[str, ...] | None = PrivateAttr(default=None)
     _selection: tuple[tuple[tuple[str, ...], tuple[str, ...]], Selection] | None = PrivateAttr(default=None)
@@ -339,7 +343,7 @@ class PostgresSource(_MaskedSource):
     @model_validator(mode="before")
     @classmethod
     def _inline_columns(cls, raw: Any) -> Any:
-        return _fold_table_entries(raw, "tables", "schema.table")
+        return _fold_table_entries(fold_merge_entries(raw), "tables", "schema.table")
 
     @model_validator(mode="after")
     def _columns_of_captured_tables(self) -> PostgresSource:
@@ -351,6 +355,7 @@ class PostgresSource(_MaskedSource):
         if unknown:
             raise ValueError(f"columns: {', '.join(unknown)} is not one of the source's tables (nor matched by them)")
         self._selection = ((tuple(self.selectors), tuple(self.exclude)), selection)
+        check_merges(self.merges, self.selectors)
         return self
 
     @property

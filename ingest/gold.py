@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -178,15 +178,19 @@ def render_sql(t: GoldTable) -> str:
         "{{ config(materialized='view') }}\n\n",
         # Qualified: the models may live in a project that installs changelake as a package.
         "{{ changelake.typed_current_state(\n",
-        f"    {_lit(t.source)},\n",
-        f"    {_lit(t.schema)},\n",
-        f"    {_lit(t.table)},\n",
+        f"    {jinja_literal(t.source)},\n",
+        f"    {jinja_literal(t.schema)},\n",
+        f"    {jinja_literal(t.table)},\n",
         "    [\n",
     ]
-    for c in t.columns:
-        lines.append(f"        [{_lit(c.name)}, {_lit(c.spark_type)}, {_lit(c.output_name)}],\n")
+    lines += [column_line(c) for c in t.columns]
     lines += ["    ]\n", ") }}\n"]
     return "".join(lines)
+
+
+def column_line(c: GoldColumn) -> str:
+    """One `[source column, Spark type, gold column]` line of a model's column list (previous_columns reads it)."""
+    return f"        [{jinja_literal(c.name)}, {jinja_literal(c.spark_type)}, {jinja_literal(c.output_name)}],\n"
 
 
 def previous_columns(sql: str) -> list[tuple[str, str]]:
@@ -206,35 +210,41 @@ def previous_columns(sql: str) -> list[tuple[str, str]]:
 
 def render_yml(t: GoldTable) -> str:
     """The model's yml: descriptions (the source's comments where it has them) and tests on the key."""
-    key = sorted((c for c in t.columns if c.pk_position is not None), key=lambda c: c.pk_position or 0)
-    description = _inert(
+    description = inert(
         t.comment
         or f"One row per current (non-deleted) record of source {t.source}'s table {t.schema}.{t.table}, one typed "
         "column per source column; bookkeeping columns are prefixed _cl_."
     )
+    return model_yml({"name": t.model, "description": description, "columns": column_docs(t)})
+
+
+def column_docs(t: GoldTable, unique_key: bool = True) -> list[dict[str, Any]]:
+    """The yml entries of `t`'s columns then the bookkeeping ones; `unique_key`: the key is unique in the model."""
+    key = [c for c in t.columns if c.pk_position is not None]
     columns: list[dict[str, Any]] = []
     for c in t.columns:
         typed = f"{c.type_name} as {c.spark_type}" if c.type_name != c.spark_type else c.type_name
-        doc = _inert(t.column_comments.get(c.name) or f"Source column {c.name!r}.")
-        col: dict[str, Any] = {"name": c.output_name, "description": f"{doc} ({_inert(typed)})"}
+        doc = inert(t.column_comments.get(c.name) or f"Source column {c.name!r}.")
+        col: dict[str, Any] = {"name": c.output_name, "description": f"{doc} ({inert(typed)})"}
         if not _PLAIN.match(c.output_name):
             col["quote"] = True  # dbt's tests and docs quote it (backticks)
         if c.pk_position is not None and "`" not in c.output_name:
             tests: list[str] = ["not_null"]
-            if len(key) == 1:
+            if len(key) == 1 and unique_key:
                 tests.append("unique")
             col["data_tests"] = tests
         columns.append(col)
+    record_pk_tests = ["unique", "not_null"] if unique_key else ["not_null"]
     columns.append(
-        {
-            "name": "_cl_record_pk",
-            "description": BOOKKEEPING_DOCS["_cl_record_pk"],
-            "data_tests": ["unique", "not_null"],
-        }
+        {"name": "_cl_record_pk", "description": BOOKKEEPING_DOCS["_cl_record_pk"], "data_tests": record_pk_tests}
     )
     columns += [{"name": n, "description": d} for n, d in BOOKKEEPING_DOCS.items() if n != "_cl_record_pk"]
-    model = {"version": 2, "models": [{"name": t.model, "description": description, "columns": columns}]}
-    body = yaml.safe_dump(model, sort_keys=False, allow_unicode=True, width=100)
+    return columns
+
+
+def model_yml(model: dict[str, Any]) -> str:
+    """A generated yml file holding the one model `model`."""
+    body = yaml.safe_dump({"version": 2, "models": [model]}, sort_keys=False, allow_unicode=True, width=100)
     return HEADER.replace("-- ", "# ", 1) + body
 
 
@@ -248,39 +258,75 @@ def diff(old: list[tuple[str, str]], new: list[GoldColumn]) -> list[str]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class ModelFiles:
+    """One generated model: its name, its two files' content, and what a run says about it."""
+
+    name: str
+    sql: str
+    yml: str
+    what: str  # how a new model is announced
+    changes: Callable[[str], list[str]]  # what changed since the model's previous .sql, as phrases
+
+
+class GoldOutOfDateError(IngestError):
+    """`gold generate --check`: a model's files differ from what the generator would write now."""
+
+
+def table_files(t: GoldTable) -> ModelFiles:
+    """The files of one captured table's model."""
+    what = f"new model, {len(t.columns)} columns ({t.source} {t.schema}.{t.table})"
+    return ModelFiles(t.model, render_sql(t), render_yml(t), what, lambda old: diff(previous_columns(old), t.columns))
+
+
 def write_models(tables: list[GoldTable], out: Path) -> list[str]:
     """Write each table's .sql and .yml into `out` (rewriting only what changed); lines saying what changed."""
-    out.mkdir(parents=True, exist_ok=True)
-    names = [t.model for t in tables]
+    return write_files([table_files(t) for t in tables], out)
+
+
+def write_files(models: list[ModelFiles], out: Path, check: bool = False) -> list[str]:
+    """Write each model's files into `out` (only what changed); lines saying what changed.
+
+    `check`: write nothing; GoldOutOfDateError listing every model whose files would change.
+    """
+    names = [m.name for m in models]
     clash = sorted({n for n in names if names.count(n) > 1})
     if clash:
         raise ConfigError(f"gold generate: tables map to the same model name: {', '.join(clash)}")
+    if not check:
+        out.mkdir(parents=True, exist_ok=True)
     lines, unchanged = [], 0
-    for t in tables:
-        sql_path, yml_path = out / f"{t.model}.sql", out / f"{t.model}.yml"
-        sql, yml = render_sql(t), render_yml(t)
+    for m in models:
+        sql_path, yml_path = out / f"{m.name}.sql", out / f"{m.name}.yml"
         old_sql = sql_path.read_text() if sql_path.exists() else None
         old_yml = yml_path.read_text() if yml_path.exists() else None
-        if old_sql == sql and old_yml == yml:
+        if old_sql == m.sql and old_yml == m.yml:
             unchanged += 1
             continue
-        sql_path.write_text(sql)
-        yml_path.write_text(yml)
+        if not check:
+            sql_path.write_text(m.sql)
+            yml_path.write_text(m.yml)
         if old_sql is None:
-            lines.append(f"{t.model}: new model, {len(t.columns)} columns ({t.source} {t.schema}.{t.table})")
+            lines.append(f"{m.name}: {m.what}")
         else:
-            changes = diff(previous_columns(old_sql), t.columns)
-            lines.append(f"{t.model}: " + ("; ".join(changes) if changes else "documentation updated"))
-    lines.append(f"{len(tables)} models in {out}: {len(tables) - unchanged} written, {unchanged} unchanged")
+            changes = m.changes(old_sql)
+            lines.append(f"{m.name}: " + ("; ".join(changes) if changes else "documentation updated"))
+    if check and lines:
+        raise GoldOutOfDateError(
+            f"gold generate --check: {len(lines)} of {len(models)} models in {out} are not what the generator "
+            "writes now; run `changelake-ingest gold generate` and commit the result:\n  " + "\n  ".join(lines)
+        )
+    written = "would be written" if check else "written"
+    lines.append(f"{len(models)} models in {out}: {len(models) - unchanged} {written}, {unchanged} unchanged")
     return lines
 
 
-def _lit(value: str) -> str:
+def jinja_literal(value: str) -> str:
     """`value` as a Jinja string literal."""
     return json.dumps(value, ensure_ascii=False)
 
 
-def _inert(text: str) -> str:
+def inert(text: str) -> str:
     """`text` for a yml description, which dbt renders with Jinja: `{{`, `{%` and `{#` lose their brace."""
     return re.sub(r"\{(?=[{%#])", "(", text)
 
@@ -306,8 +352,16 @@ def add_comments(tables: list[GoldTable], rows: Iterable[tuple[Any, ...]]) -> No
             t.column_comments[str(column)] = str(comment)
 
 
-def generate(cfg: Config, out: Path, sources: list[str], table_columns: str | None, comments: bool) -> list[str]:
-    """Write gold models for every table in table_columns (of `sources`, or all); lines to print."""
+def generate(
+    cfg: Config, out: Path, sources: list[str], table_columns: str | None, comments: bool, check: bool = False
+) -> list[str]:
+    """Write gold models for every table in table_columns (of `sources`, or all); lines to print.
+
+    The tenants of a source's tenant merge get one model together (ingest/gold_merge.py) instead
+    of one each. `check`: write nothing; GoldOutOfDateError if any file would change.
+    """
+    from ingest import gold_merge  # it builds on this module's models
+
     for s in sources:
         cfg.source(s)  # ConfigError naming the configured ones
     path = table_columns or f"{cfg.warehouse_uri}/dbt/silver.db/table_columns"
@@ -333,4 +387,7 @@ def generate(cfg: Config, out: Path, sources: list[str], table_columns: str | No
             notes.append(f"source {name}: comments not read ({e}); descriptions are generic")
             continue
         add_comments(mine, rows)
-    return notes + write_models(tables, out)
+    postgres = {name: src for name, src in configured.items() if isinstance(src, PostgresSource)}
+    tables, merged = gold_merge.merge_tables(tables, postgres)
+    files = [table_files(t) for t in tables] + [gold_merge.merged_files(m) for m in merged]
+    return notes + write_files(sorted(files, key=lambda f: f.name), out, check)
