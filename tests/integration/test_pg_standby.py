@@ -21,6 +21,7 @@ import psycopg
 import pytest
 
 from ingest.errors import SourceError
+from ingest.sources.postgres.verify import VerifySnapshot
 from tests.helpers.bronze_fold import live_records, table_rows
 from tests.helpers.pg import PgSource, capture_once, drop_slot, prepare
 from tests.helpers.scratch_pg import ScratchCluster, pg_bindir
@@ -136,6 +137,34 @@ def test_a_standby_source_captures_a_primary_workload_and_places_its_snapshot_ex
         with psycopg.connect(standby.dsn, autocommit=True) as c:
             if _slots(standby.dsn, src.slot_name):
                 drop_slot(c, src.slot_name)
+
+
+def test_verify_on_a_standby_lists_the_transactions_its_snapshot_cannot_see(
+    pair: tuple[ScratchCluster, ScratchCluster],
+) -> None:
+    """verify's snapshot on a standby lists a transaction running on the primary, below a later commit's xmax.
+
+    Its positions are the standby's replay positions (pg_current_wal_insert_lsn() fails there).
+    """
+    primary, standby = pair
+    s = PgSource(primary.dsn, TABLES_SQL, ["acct"])
+    running = psycopg.connect(primary.dsn)
+    snap = VerifySnapshot(s.config().model_copy(update={"dsn": standby.dsn, "primary_dsn": primary.dsn}))
+    try:
+        row = running.execute(
+            f"insert into {s.schema}.acct values (1, 'open') returning pg_current_xact_id()::text"
+        ).fetchone()
+        assert row is not None
+        xid = int(str(row[0]))
+        s.execute("insert into acct values (2, 'committed')")
+        standby.wait_replayed(_flushed(s.conn))
+        snap.begin()
+        assert xid in snap.xip and snap.xmin <= xid < snap.xmax
+        assert snap.before <= snap.insert_lsn
+    finally:
+        snap.close()
+        running.close()
+        s.drop()
 
 
 def test_a_standby_source_without_primary_dsn_is_refused_naming_the_option(

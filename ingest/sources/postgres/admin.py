@@ -89,6 +89,8 @@ class PostgresAdmin:
     Responsibilities: check the server is set up for logical decoding, create the publication
     and slot when missing (idempotently), look up primary keys, emit heartbeats and drain
     markers, and report slot health.
+    On a standby source the slot is the standby's, and what must be written (messages, the
+    publication) goes to its primary (`writer`).
     """
 
     def __init__(self, src: PostgresSource) -> None:
@@ -343,13 +345,14 @@ class PostgresAdmin:
             if supports_generated_columns(self):
                 options += ", publish_generated_columns = stored"
             try:
-                self.conn.execute(
+                self.writer().execute(
                     sql.SQL("create publication {} for table {} with ({})").format(
                         sql.Identifier(name), sql.SQL(", ").join(tables), sql.SQL(options)
                     )
                 )
             except psycopg.errors.InsufficientPrivilege as e:
                 raise SourceError(f"source {self.src.name!r}: cannot create publication {name!r}: {e}") from None
+            self.await_standby()
             return
         (via_root,) = row
         have = publication_members(self)
@@ -374,10 +377,11 @@ class PostgresAdmin:
                     "publishes its partitions under their own names; run ALTER PUBLICATION "
                     f"{name} SET (publish_via_partition_root = true) so its changes arrive as the table's"
                 )
-            self.conn.execute(
+            self.writer().execute(
                 sql.SQL("alter publication {} set (publish_via_partition_root = true)").format(sql.Identifier(name))
             )
         sync_column_lists(self)
+        self.await_standby()
 
     def drop_unconfigured(self) -> None:
         """With `create_publication`, drop from the publication the tables it names that left the config.
@@ -411,6 +415,7 @@ class PostgresAdmin:
                 sql.Identifier(name), sql.SQL(", ").join(sql.Identifier(n, t) for n, t in extra)
             )
         )
+        self.await_standby()
 
     def _check_publication_options(self) -> None:
         """An existing publication must send every change of the configured tables (review W11).
@@ -454,7 +459,7 @@ class PostgresAdmin:
                 "truncate')"
             )
         log.warning("publication %s did not publish %s: setting every action", name, ", ".join(off))
-        self.conn.execute(
+        self.writer().execute(
             sql.SQL("alter publication {} set (publish = 'insert, update, delete, truncate')").format(
                 sql.Identifier(name)
             )
@@ -628,32 +633,6 @@ class PostgresAdmin:
         )
 
 
-def publish_on_primary(admin: PostgresAdmin) -> None:
-    """Make the publication a standby source reads from on its primary, and wait for the standby to replay it.
-
-    A publication is a catalog row: the standby has it once it replays the primary's change, and
-    its slot decodes with it from there.
-    """
-    src = admin.src
-    on_primary = src.model_copy(update={"dsn": src.primary_dsn})
-    on_primary.set_tables(tuple(src.tables))
-    primary = PostgresAdmin(on_primary)
-    try:
-        primary.ensure_publication()
-        row = primary._one("select pg_current_wal_flush_lsn()::text")
-    finally:
-        primary.close()
-    assert row is not None
-    deadline = time.monotonic() + OWN_STATEMENT_DEADLINE_S
-    while admin._one("select pg_last_wal_replay_lsn() >= %s::pg_lsn", (str(row[0]),)) != (True,):
-        if time.monotonic() > deadline:
-            raise SourceUnavailableError(
-                f"source {src.name!r}: the standby did not replay the primary's WAL as far as {row[0]} in "
-                f"{OWN_STATEMENT_DEADLINE_S} s (its publication changes are there); trying again"
-            )
-        time.sleep(0.05)
-
-
 def prepare_source(src: PostgresSource) -> PostgresAdmin:
     """Check the source and create what is missing (publication, slot); returns the admin connection."""
     admin = PostgresAdmin(src)
@@ -661,10 +640,7 @@ def prepare_source(src: PostgresSource) -> PostgresAdmin:
         admin.check_server()
         adopt_scope(admin)
         admin.check_tables()
-        if admin.standby:
-            publish_on_primary(admin)
-        else:
-            admin.ensure_publication()
+        admin.ensure_publication()  # on a standby source, on its primary (PostgresAdmin.writer)
         admin.check_published_tables()
         if admin.ensure_slot():
             log.info("created slot source=%s slot=%s", src.name, src.slot_name)

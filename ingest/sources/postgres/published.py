@@ -175,8 +175,9 @@ def sync_column_lists(admin: PostgresAdmin) -> None:
                 f"{'all' if wanted is None else ', '.join(wanted)} (exclude_columns); run "
                 f"{statement.as_string(admin.conn)} (or set create_publication: true)"
             )
-        with admin.conn.transaction():
-            admin.conn.execute(statement)
+        with admin.writer().transaction():
+            admin.writer().execute(statement)
+        admin.await_standby()
         log.info("source=%s table=%s: publication %s column list set", admin.src.name, table, name)
         if unsent:
             # Changes until now came without these columns: not a gap to pass over silently.
@@ -236,5 +237,6 @@ def publish_again(admin: PostgresAdmin, table: str) -> None:
             f"source {admin.src.name!r}: table {table} was replaced and the new table is not in publication {name!r}; "
             f"run {statement.as_string(admin.conn)} (or set create_publication: true)"
         )
-    admin.conn.execute(statement)
+    admin.writer().execute(statement)
+    admin.await_standby()
     log.info("source=%s table=%s: added to publication %s again (replaced)", admin.src.name, table, name)

@@ -136,20 +136,23 @@ def report_scope(source: str, publication: str, scope: Scope) -> None:
 def publish_after_writers(admin: PostgresAdmin, specs: dict[str, sql.Composable], lock_timeout: str) -> None:
     """Add the tables (`specs`: table -> its publication spec) under a SHARE lock on each (module doc).
 
-    psycopg.errors.LockNotAvailable if a writer holds a table longer than `lock_timeout`.
+    psycopg.errors.LockNotAvailable if a writer holds a table longer than `lock_timeout`. On a
+    standby source, on its primary (where the writers are), and replayed by the standby on return.
     """
-    with admin.conn.transaction():
-        admin.conn.execute(sql.SQL("set local lock_timeout = {}").format(sql.Literal(lock_timeout)))
-        admin.conn.execute(
+    conn = admin.writer()
+    with conn.transaction():
+        conn.execute(sql.SQL("set local lock_timeout = {}").format(sql.Literal(lock_timeout)))
+        conn.execute(
             sql.SQL("lock table {} in share mode").format(
                 sql.SQL(", ").join(sql.Identifier(*t.split(".", 1)) for t in specs)
             )
         )
-        admin.conn.execute(
+        conn.execute(
             sql.SQL("alter publication {} add table {}").format(
                 sql.Identifier(admin.src.publication_name), sql.SQL(", ").join(specs.values())
             )
         )
+    admin.await_standby()
 
 
 class ScopeWatch:

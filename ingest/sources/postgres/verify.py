@@ -36,6 +36,7 @@ from ingest.sources.postgres.copy_text import copy_values
 from ingest.sources.postgres.pages import page_encoders
 from ingest.sources.postgres.replication import connect_value_session
 from ingest.sources.postgres.rows import encode_key, encode_record, json_keys
+from ingest.sources.postgres.standby import read_standby_snapshot
 from ingest.sources.postgres.values import TYPE_CATALOG_SQL, Encoder, TypeCatalog
 from ingest.verify import (
     Progress,
@@ -101,7 +102,24 @@ class VerifySnapshot:
                 raise error(f"source {self.src.name!r}: verify query failed: {msg}")
 
     def begin(self) -> None:
-        """Start the transaction and take its snapshot: xmin, xmax, xip and the insert position after it."""
+        """Start the transaction and take its snapshot: xmin, xmax, xip and the insert position after it.
+
+        On a standby the positions are its replay positions (every commit the snapshot sees was
+        replayed before it, every later one after) and the in-progress list is the standby's own
+        (read_standby_snapshot: pg_current_snapshot() there lists none).
+        """
+        if self._exec(b"select pg_is_in_recovery()").get_value(0, 0) == b"t":
+            replayed = b"select pg_last_wal_replay_lsn()::text"
+            self.before = lsn_to_int((self._exec(replayed).get_value(0, 0) or b"").decode())
+            self.xmin, self.xmax, xip = read_standby_snapshot(
+                self._exec,
+                lambda: self._exec(b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"),
+                lambda: self._exec(b"ROLLBACK"),
+                self.src.name,
+            )
+            self.xip = frozenset(xip)
+            self.insert_lsn = lsn_to_int((self._exec(replayed).get_value(0, 0) or b"").decode())
+            return
         self.before = lsn_to_int(
             (self._exec(b"select pg_current_wal_insert_lsn()::text").get_value(0, 0) or b"").decode()
         )
