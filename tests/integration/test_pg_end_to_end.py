@@ -156,7 +156,7 @@ def test_silver_equals_the_source_after_sigkills_schema_changes_and_partition_mo
         for e in bronze
         if e.action == "insert" and e.table_name == "parts"
     )
-    dbt(warehouse, "run", "--select", "+consumer_records")
+    dbt(warehouse, "run", "--select", "+consumer_records", "schema_changes")
     recs = [r for r in silver(warehouse, "consumer_records") if r.source == s.name]
     for table, pk in KEYS.items():
         expected = source_rows(s, table, pk)
@@ -171,3 +171,24 @@ def test_silver_equals_the_source_after_sigkills_schema_changes_and_partition_mo
         seen |= {p.record_pk for p in pages if p.table_name == table}
         deleted = {r.record_pk for r in recs if r.table_name == table and r.deleted}
         assert deleted == seen - set(expected), f"seed {SEED}: {table} tombstones differ"
+    # Gold's schema log: each table's first shape, then the columns rounds 2 (before a start) and 3
+    # (in the stream) added, in position order; nothing dropped, renamed, retyped or rekeyed.
+    changes = sorted(
+        (r for r in read(warehouse / "dbt/gold.db/schema_changes") if r.source == s.name),
+        key=lambda r: (r.changed_at_lsn, r.change_kind),
+    )
+    added_tables = sorted(r.table_name for r in changes if r.change_kind == "table_added")
+    assert added_tables == ["items", "parts"], f"seed {SEED}: {changes}"
+    added = [(r.table_name, r.column_name, r.new_definition) for r in changes if r.change_kind != "table_added"]
+    assert sorted(added) == [
+        ("items", "c2", "integer"),
+        ("items", "c3", "integer"),
+        ("parts", "d2", "text"),
+        ("parts", "d3", "text"),
+    ], f"seed {SEED}: {changes}"
+    assert [c for t, c, _ in added if t == "items"] == ["c2", "c3"], "the log is not in position order"
+    # A change's commit time is that of the first event at its position, when silver has one there.
+    first_commit = {}
+    for e in sorted(bronze, key=lambda e: e.commit_timestamp):
+        first_commit.setdefault(e.commit_lsn, e.commit_timestamp)
+    assert [r.changed_at for r in changes] == [first_commit.get(r.changed_at_lsn) for r in changes], changes
