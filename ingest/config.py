@@ -599,6 +599,7 @@ def config_summary(cfg: Config) -> list[str]:
     for s in cfg.sources:
         if isinstance(s, PostgresSource):
             what = f"tables {', '.join(s.selectors)}" + (f" excluding {', '.join(s.exclude)}" if s.exclude else "")
+            what += "".join(f"; {m.pattern} merged as {s.name}__{m.merge_as}" for m in s.merges)
             where = f"publication {s.publication_name}, slot {s.slot_name}"
         else:
             what = f"collections {', '.join(s.collections)}" if s.collections is not None else "every collection"

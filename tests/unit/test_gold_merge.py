@@ -95,6 +95,13 @@ def test_a_bad_merge_entry_is_refused_saying_why(entry: dict[str, Any], message:
         parse("public.*", entry)
 
 
+def test_config_check_says_what_is_merged(tmp_path: Path, capsys: Any) -> None:
+    cfg = tmp_path / "changelake.yml"
+    cfg.write_text(yaml.safe_dump({"sources": [source(["public.*", MERGE])]}))
+    assert cli.main(["-c", str(cfg), "config", "check"]) == 0
+    assert "tables public.*, tenant_*.orders; tenant_*.orders merged as shop__orders;" in capsys.readouterr().out
+
+
 def test_merges_must_name_a_tables_entry_and_be_distinct() -> None:
     with pytest.raises(ConfigError, match=r"merges.0: tenant_\*.orders is not one of the source's `tables`"):
         parse("public.*", merges=[MERGE])
