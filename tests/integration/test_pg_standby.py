@@ -20,10 +20,13 @@ from typing import Any
 import psycopg
 import pytest
 
+from ingest.config import PostgresSource
 from ingest.errors import SourceError
+from ingest.sources.postgres.admin import HEARTBEAT_PREFIX
 from ingest.sources.postgres.verify import VerifySnapshot
 from tests.helpers.bronze_fold import live_records, table_rows
-from tests.helpers.pg import PgSource, capture_once, drop_slot, prepare
+from tests.helpers.capture_thread import ContinuousCapture
+from tests.helpers.pg import PgSource, bronze_events, capture_once, drop_slot, prepare
 from tests.helpers.scratch_pg import ScratchCluster, pg_bindir
 
 pytestmark = pytest.mark.integration
@@ -132,6 +135,49 @@ def test_a_standby_source_captures_a_primary_workload_and_places_its_snapshot_ex
         assert live['{"id":5}']["owner"] == "late"
         assert live == expected
         assert _slots(primary.dsn, src.slot_name) == 0
+    finally:
+        s.drop()
+        with psycopg.connect(standby.dsn, autocommit=True) as c:
+            if _slots(standby.dsn, src.slot_name):
+                drop_slot(c, src.slot_name)
+
+
+def test_a_continuous_run_on_a_standby_publishes_a_new_table_on_the_primary(
+    pair: tuple[ScratchCluster, ScratchCluster], tmp_path: Path
+) -> None:
+    """A table that comes into a pattern's scope while `run` streams from the standby is captured.
+
+    The publication is changed on the primary (the standby refuses any write), the standby
+    replays it, the table is snapshotted there and its later changes streamed: bronze folds to the
+    primary's rows. Heartbeats (every second here) are written on the primary too.
+    """
+    primary, standby = pair
+    s = PgSource(primary.dsn, TABLES_SQL, [])
+    src = PostgresSource(
+        kind="postgres",
+        name=s.name,
+        dsn=standby.dsn,
+        primary_dsn=primary.dsn,
+        tables=[f"{s.schema}.*"],
+        new_tables_check_seconds=0.5,
+        heartbeat_seconds=1,
+    )
+    new = f"{s.schema}.fresh"
+    try:
+        prepare(src)
+        s.execute("insert into acct values (1, 'a')")
+        with ContinuousCapture(tmp_path, src) as run:
+            run.wait_for(lambda: f"{s.schema}.acct" in live_records(tmp_path, s.name), 30, "the first table in bronze")
+            s.execute(f"create table {new} (id int primary key, v text)")
+            s.execute(f"insert into {new} select g, 'm' || g from generate_series(1, 50) g")
+            run.wait_for(lambda: new in src.tables, 30, "the new table in scope")
+            s.execute(f"update {new} set v = 'changed' where id = 1")
+            in_bronze = lambda: live_records(tmp_path, s.name).get(new, {}) == table_rows(s.conn, new)  # noqa: E731
+            run.wait_for(in_bronze, 60, "the new table in bronze")
+            heartbeats = lambda: any(  # noqa: E731
+                e.message_prefix == HEARTBEAT_PREFIX for e in bronze_events(tmp_path, s.name, with_messages=True)
+            )
+            run.wait_for(heartbeats, 30, "a heartbeat from the primary in bronze")
     finally:
         s.drop()
         with psycopg.connect(standby.dsn, autocommit=True) as c:
