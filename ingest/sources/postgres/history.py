@@ -27,6 +27,7 @@ from ingest.errors import SourceUnavailableError
 from ingest.events import int_to_lsn
 from ingest.sources.postgres.admin import connect
 from ingest.sources.postgres.pgoutput import PROTO_VERSION
+from ingest.sources.postgres.standby import WAL_POSITION_SQL
 
 MSG_BEGIN: Final = ord("B")
 MSG_INSERT, MSG_UPDATE, MSG_DELETE, MSG_TRUNCATE, MSG_MESSAGE = (ord(c) for c in "IUDTM")
@@ -113,10 +114,13 @@ def first_difference(bronze: list[tuple[int, int]], slot: list[tuple[int, int]])
 
 
 def advance_slot(src: PostgresSource) -> None:
-    """Move the slot to the server's current WAL position (what it would send until then is skipped)."""
+    """Move the slot to the server's current WAL position (what it would send until then is skipped).
+
+    A standby's is its replay position.
+    """
     conn = connect(src)
     try:
-        conn.execute("select pg_replication_slot_advance(%s, pg_current_wal_lsn())", (src.slot_name,))
+        conn.execute(f"select pg_replication_slot_advance(%s, {WAL_POSITION_SQL})", (src.slot_name,))
     except psycopg.errors.ObjectInUse as e:
         raise SourceUnavailableError(f"source {src.name!r}: slot {src.slot_name!r} is still in use: {e}") from None
     finally:
