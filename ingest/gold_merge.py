@@ -123,10 +123,9 @@ def merge_tables(
     for (source, i), tenants in sorted(groups.items()):
         m = sources[source].merges[i]
         tenants.sort(key=lambda x: x.value)
-        shapes = Counter(json.dumps(shape_of(x.table), sort_keys=True) for x in tenants)
-        reference = next(
-            x.table for x in tenants if shapes[json.dumps(shape_of(x.table), sort_keys=True)] == max(shapes.values())
-        )
+        keys = [json.dumps(shape_of(x.table), sort_keys=True) for x in tenants]
+        shapes = Counter(keys)
+        reference = tenants[keys.index(shapes.most_common(1)[0][0])].table  # ties: the first tenant's shape
         name = f"{source}__{m.merge_as}"
         if m.tenant_column.lower() in {c.output_name.lower() for c in reference.columns}:
             problems.append(f"  {name}: tenant_column {m.tenant_column} is a column of the tenants too; pick another")

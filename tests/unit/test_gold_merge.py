@@ -233,3 +233,13 @@ def test_a_new_tenant_makes_the_model_out_of_date_until_generated_again(tmp_path
     assert "shop__orders: tenant c added" in out and "1 written" in out
     write(tmp_path, orders("tenant_a", ("note", "text", "string")) + orders("tenant_c", ("note", "text", "string")))
     assert "shop__orders: added note (string); tenant b removed" in generate(cfg, capsys)
+
+
+def test_a_table_two_merges_take_or_a_model_name_taken_twice_is_refused(tmp_path: Path, capsys: Any) -> None:
+    both = [MERGE, {"pattern": "tenant_a*.orders", "merge_as": "a_orders"}]
+    cfg = write(tmp_path, orders("tenant_ab"), source(both))
+    assert "tenant_ab.orders of source shop is a tenant of merges orders and a_orders" in generate(cfg, capsys, code=2)
+    # the merged model would have the name of public.orders' own model
+    clash = source(["public.*", {**MERGE, "merge_as": "public__orders"}])
+    cfg = write(tmp_path, orders("tenant_a") + orders("public"), clash)
+    assert "tables map to the same model name: shop__public__orders" in generate(cfg, capsys, code=2)
