@@ -107,7 +107,16 @@ def test_a_standby_source_captures_a_primary_workload_and_places_its_snapshot_ex
                     if i % 7 == 0:
                         c.execute(f"delete from {s.schema}.acct where id = %s", (1000 + i - 3,))
 
+        begins: list[int] = []
+
         def hook(point: str, task: Any, page: int) -> None:
+            if point == "after_begin" and page == 1:
+                begins.append(page)
+                if len(begins) == 1:
+                    # WAL replayed after the replay position was read and before the snapshot: the
+                    # standby was not idle across it, so this try must be rolled back and taken again.
+                    s.execute("insert into acct values (998, 'between')")
+                    standby.wait_replayed(_flushed(s.conn))
             if page != 0:
                 return
             if point == "before_read":
@@ -133,6 +142,7 @@ def test_a_standby_source_captures_a_primary_workload_and_places_its_snapshot_ex
         live = live_records(tmp_path, src.name)[f"{s.schema}.acct"]
         expected = table_rows(s.conn, f"{s.schema}.acct")
         assert live['{"id":5}']["owner"] == "late"
+        assert len(begins) >= 2, "page 1 kept a snapshot taken while the standby replayed WAL"
         assert live == expected
         assert _slots(primary.dsn, src.slot_name) == 0
     finally:
