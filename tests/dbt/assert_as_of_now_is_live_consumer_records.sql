@@ -6,16 +6,19 @@
 -- whole source at one position). tests/integration/test_dbt_flow.py checks an earlier position.
 {#- Each source's last position, looked up when the test runs (not at parse time, and not before
     record_history exists, e.g. a `dbt compile` or sqlfluff on a fresh warehouse). -#}
-{#- Not on a run that skips the test (its query is then a constant; this lookup reads the whole
-    history). -#}
+{#- Not on a run that skips the test (its query is then a constant). -#}
 {#- Scoped to the tables this run's change batch touched (macro changelake_touched_tables_predicate):
     the folds wrote no other partition. Whole tables with var changelake_full_tests (the nightly
-    check), after a full build of a fold, or in a `dbt test` that built nothing. -#}
+    check), after a full build of a fold, or in a `dbt test` that built nothing. The lookup of the
+    last positions is scoped too (it reads only those tables' partitions): as of the last position
+    of a source's touched tables, no version of theirs is later, so their state there is the live
+    one, as at the source's last position. -#}
 {%- set touched = changelake_touched_tables_predicate('scoped') -%}
 {%- set history_exists = execute and not changelake_test_inputs_unchanged()
     and load_relation(ref('record_history')) is not none -%}
 {%- set last_positions = query_rows_at_execution(
-    'select source, max(commit_lsn) as max_lsn from ' ~ ref('record_history') ~ ' group by source'
+    'select scoped.source, max(scoped.commit_lsn) as max_lsn from ' ~ ref('record_history')
+    ~ ' as scoped where ' ~ touched ~ ' group by scoped.source'
 ) if history_exists else none %}
 with
 
