@@ -25,6 +25,7 @@ from ingest.gold import (
     ModelFiles,
     column_docs,
     column_line,
+    contract,
     diff,
     inert,
     jinja_literal,
@@ -34,16 +35,6 @@ from ingest.gold import (
 from ingest.tenants import TenantMerge
 
 _TENANT_LINE = re.compile(r"^\s*(\{.*\}),?\s*$")
-# The columns merged models have beside the source's, with their Spark types (consumer_records').
-BOOKKEEPING_TYPES = {
-    "_cl_record_pk": "string",
-    "_cl_source": "string",
-    "_cl_needs_reread": "boolean",
-    "_cl_commit_lsn": "bigint",
-    "_cl_commit_index": "int",
-    "_cl_seq": "bigint",
-    "_cl_updated_at": "timestamp",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +185,7 @@ def previous_tenants(sql: str) -> list[str]:
 
 
 def render_merged_yml(m: MergedTable) -> str:
-    """The model's yml: an enforced contract (every column's Spark type), docs, and tests per tenant and key."""
+    """The model's yml: its contract (every column's Spark type, gold.contract), docs, tests per tenant and key."""
     ref = m.reference
     description = (
         f"One row per current (non-deleted) record of each tenant's table of source {m.source} matched by "
@@ -208,16 +199,12 @@ def render_merged_yml(m: MergedTable) -> str:
         "data_tests": ["not_null"],
     }
     columns = [tenant, *column_docs(ref, unique_key=False)]
-    for c in columns[1:]:
-        c["data_type"] = BOOKKEEPING_TYPES.get(c["name"]) or next(
-            x.spark_type for x in ref.columns if x.output_name == c["name"]
-        )
     key = [m.merge.tenant_column, "_cl_record_pk"]
     tests = [{"changelake.unique_combination_of_columns": {"combination_of_columns": key}}]
     model = {
         "name": m.model,
         "description": inert(description),
-        "config": {"contract": {"enforced": True}},
+        **contract(ref),
         "data_tests": tests,
         "columns": columns,
     }

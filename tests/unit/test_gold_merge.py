@@ -243,3 +243,18 @@ def test_a_table_two_merges_take_or_a_model_name_taken_twice_is_refused(tmp_path
     clash = source(["public.*", {**MERGE, "merge_as": "public__orders"}])
     cfg = write(tmp_path, orders("tenant_a") + orders("public"), clash)
     assert "tables map to the same model name: shop__public__orders" in generate(cfg, capsys, code=2)
+
+
+def test_every_generated_model_declares_its_types_and_enforces_them_where_dbt_can(tmp_path: Path, capsys: Any) -> None:
+    """Per-table models get the contract too; a backtick in a column name (which dbt's contract query
+    would not escape on Spark) leaves that model's types declared but not enforced."""
+    odd = [
+        dict(r, table_name="odd", column_name="a`b" if r["column_name"] == "amount" else r["column_name"])
+        for r in orders("public")
+    ]
+    generate(write(tmp_path, orders("public") + odd, source(["public.*"])), capsys)
+    (model,) = yaml.safe_load((tmp_path / "gold" / "shop__public__orders.yml").read_text())["models"]
+    assert model["config"] == {"contract": {"enforced": True}}
+    assert [c["data_type"] for c in model["columns"]][:3] == ["bigint", "decimal(12,2)", "string"]
+    (model,) = yaml.safe_load((tmp_path / "gold" / "shop__public__odd.yml").read_text())["models"]
+    assert "config" not in model and {c["name"]: c["data_type"] for c in model["columns"]}["a`b"] == "decimal(12,2)"
