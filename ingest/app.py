@@ -174,8 +174,8 @@ def setup(cfg: Config, source: str | None) -> list[str]:
     return [s.setup() for s in _selected(cfg, source)]
 
 
-def snapshot(cfg: Config, table: str, source: str | None) -> str:
-    """Register an on-demand snapshot of `table` (DESIGN §5); returns what was done."""
+def snapshot(cfg: Config, table: str, source: str | None, where: str | None = None) -> str:
+    """Register an on-demand snapshot of `table`, of the rows `where` selects (DESIGN §5); returns what was done."""
     candidates = [s for s in _selected(cfg, source) if s.captures(table)]
     if not candidates:
         raise ConfigError(
@@ -185,16 +185,42 @@ def snapshot(cfg: Config, table: str, source: str | None) -> str:
         names = ", ".join(s.name for s in candidates)
         raise ConfigError(f"{table} is captured by several sources ({names}); pass --source NAME")
     src = candidates[0]
-    writer_id, start = src.request_snapshot(_writer(cfg), table)
+    writer_id, start = src.request_snapshot(_writer(cfg), table, where)
+    what = f"{table} where {where}" if where else table
     return (
-        f"{src.name}: snapshot of {table} requested (writer {writer_id}, starting at "
+        f"{src.name}: snapshot of {what} requested (writer {writer_id}, starting at "
         f"{src.format_position(start)}); a running `changelake-ingest run` starts it within seconds, "
         "otherwise the next `run` (or `run --once`) does"
     )
 
 
+def pause_snapshot(cfg: Config, target: str, source: str | None, paused: bool) -> str:
+    """Pause (or resume) the snapshots of `target`, a table or a snapshot id (docs/snapshots.md).
+
+    Kept in bronze (the snapshot's writer row): it holds across restarts. MongoDB snapshots are
+    refused: their runner does not read the pause.
+    """
+    from ingest.capture.snapshots import set_paused, snapshots_of
+
+    writer = _writer(cfg)
+    names = [source] if source else [s.name for s in cfg.sources]
+    if not writer.exists(STREAM_POSITIONS_TABLE):
+        names = []
+    if any(cfg.source(n).kind == "mongodb" and snapshots_of(writer, n, target) for n in names):
+        raise ConfigError(f"a MongoDB snapshot cannot be paused; `snapshot cancel {target}` (run stopped) removes it")
+    found = {n: set_paused(writer, n, target, paused) for n in names}
+    if not any(found.values()):
+        raise ConfigError(f"no snapshot of {target} is registered (sources: {', '.join(names)})")
+    verb = "paused" if paused else "resumed"
+    return "; ".join(
+        f"{n}: snapshot {p.snapshot_id} of {p.table} {verb} at {p.rows:,} rows, {p.pages} pages"
+        for n, ps in found.items()
+        for p in ps
+    )
+
+
 def cancel_snapshot(cfg: Config, table: str, source: str | None) -> str:
-    """Remove the queued snapshot requests of `table` (docs/snapshots.md); returns what was done.
+    """Remove the queued snapshot requests of `table` or a snapshot id (docs/snapshots.md); what was done.
 
     Looked up in bronze, not in the config: a request for a table no longer configured can go too.
     """

@@ -24,6 +24,7 @@ DEFAULT_CONFIG = "changelake.yml"
 EXIT_INTERNAL_ERROR = 1
 EXIT_USER_ERROR = 2
 EXIT_TEMPFAIL = 75  # sysexits.h EX_TEMPFAIL: a source or the warehouse is unavailable; retry later
+SNAPSHOT_ACTIONS = ("pause", "resume", "cancel")  # `snapshot <action> <table or snapshot id>`
 log = logging.getLogger("ingest.cli")
 
 
@@ -55,11 +56,25 @@ def _parser() -> argparse.ArgumentParser:
     )
     su = sub.add_parser("setup", help="check the sources and create publication and slot")
     su.add_argument("--source", help="only this source")
-    sn = sub.add_parser("snapshot", help="request a snapshot of one table; a running (or the next) `run` takes it")
-    sn.add_argument("table", help="schema.table (database.collection of a MongoDB source), as listed in the config")
+    sn = sub.add_parser(
+        "snapshot",
+        help="request a snapshot of one table (a running or the next `run` takes it), or pause, resume, cancel",
+    )
+    sn.add_argument(
+        "table",
+        nargs="+",
+        metavar="[pause|resume|cancel] TABLE",
+        help="schema.table (database.collection of a MongoDB source), as listed in the config; after pause, resume "
+        "or cancel also a snapshot id (`status` lists them)",
+    )
     sn.add_argument("--source", help="the source capturing the table (needed if several do)")
     sn.add_argument(
         "--cancel", action="store_true", help="remove the table's queued snapshot requests instead (stop `run` first)"
+    )
+    sn.add_argument(
+        "--where",
+        metavar="PREDICATE",
+        help="a filtered snapshot: only the rows this SQL predicate selects (Postgres; checked before it is queued)",
     )
     s = sub.add_parser("status", help="positions, safe bound, slot lag, WAL status and snapshot progress")
     s.add_argument("--source", help="only this source")
@@ -120,6 +135,22 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _snapshot(cfg: Config, args: argparse.Namespace) -> str:
+    from ingest import app
+
+    words = list(args.table)
+    action = words.pop(0) if len(words) == 2 and words[0] in SNAPSHOT_ACTIONS else None
+    if args.cancel and action in (None, "cancel"):
+        action = "cancel"
+    if len(words) != 1 or args.cancel and action != "cancel" or action is not None and args.where is not None:
+        raise ConfigError("snapshot takes TABLE [--where PREDICATE], or pause|resume|cancel and a table or snapshot id")
+    if action == "cancel":
+        return app.cancel_snapshot(cfg, words[0], args.source)
+    if action is not None:
+        return app.pause_snapshot(cfg, words[0], args.source, action == "pause")
+    return app.snapshot(cfg, words[0], args.source, args.where)
+
+
 def _verify(cfg: Config, args: argparse.Namespace) -> int:
     from ingest import app
 
@@ -159,10 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "setup":
             for line in app.setup(cfg, args.source):
                 print(line)
-        elif args.command == "snapshot" and args.cancel:
-            print(app.cancel_snapshot(cfg, args.table, args.source))
         elif args.command == "snapshot":
-            print(app.snapshot(cfg, args.table, args.source))
+            print(_snapshot(cfg, args))
         elif args.command == "status" and args.json:
             doc = app.status_report(cfg, args.source)
             print(json.dumps(doc, indent=2))

@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 
 STREAM_WRITER_ID = "stream"
 SNAPSHOT_WRITER_PREFIX = "snapshot-"
+# A filtered snapshot's id starts with this: its pages hold the rows its predicate selected, not
+# every row of a key range, so no rule may read a key absent from them as deleted, and it does not
+# count as the table's completed snapshot.
+FILTERED_SNAPSHOT_PREFIX = "where-"
 
 
 def snapshot_writer_id(snapshot_id: str) -> str:
@@ -55,6 +59,8 @@ class SnapshotProgress:
     keys: tuple[tuple[str, ...], ...] | None = None
     start: tuple[str, ...] | None = None  # a key range's lower bound (exclusive): a large table split
     relfilenode: int | None = None  # set: a keyless table paged by CTID, in this file of the table
+    paused: bool = False  # `snapshot pause`: no page is read until `snapshot resume`
+    where: str | None = None  # a filtered snapshot: only rows this SQL predicate selects
 
     @property
     def writer_id(self) -> str:
@@ -79,6 +85,10 @@ class SnapshotProgress:
             d["start"] = list(self.start)
         if self.relfilenode is not None:
             d["relfilenode"] = self.relfilenode
+        if self.paused:
+            d["paused"] = True
+        if self.where is not None:
+            d["where"] = self.where
         return json.dumps(d, separators=(",", ":"))
 
     @classmethod
@@ -99,6 +109,8 @@ class SnapshotProgress:
                 keys=tuple(tuple(str(v) for v in k) for k in keys) if keys is not None else None,
                 start=tuple(str(k) for k in d["start"]) if d.get("start") is not None else None,
                 relfilenode=int(d["relfilenode"]) if d.get("relfilenode") is not None else None,
+                paused=bool(d.get("paused")),
+                where=str(d["where"]) if d.get("where") is not None else None,
             )
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise SourceError(
@@ -108,9 +120,12 @@ class SnapshotProgress:
 
     def summary(self) -> str:
         """One human line: rows and pages read, rows left (estimate) and rate."""
+        what = f"snapshot {self.snapshot_id} of {self.table}" + (f" where {self.where}" if self.where else "")
+        if self.paused:
+            return f"{what}: paused after {self.rows:,} rows in {self.pages} pages (`snapshot resume` goes on)"
         if not self.pages:
-            return f"snapshot of {self.table}: waiting to start"
-        parts = [f"snapshot of {self.table}: {self.rows:,} rows in {self.pages} pages"]
+            return f"{what}: waiting to start"
+        parts = [f"{what}: {self.rows:,} rows in {self.pages} pages"]
         left = max(0, self.estimated_rows - self.rows) if self.estimated_rows is not None else None
         if left is not None:
             parts.append(f"~{left:,} rows left (estimate)")

@@ -23,6 +23,7 @@ from ingest.bronze.schemas import (
 )
 from ingest.errors import BronzeWriteError
 from ingest.events import ColumnShape, RelationShape, WriterKind, WriterPosition
+from ingest.positions import FILTERED_SNAPSHOT_PREFIX
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,10 +98,14 @@ class BronzeState:
         }
 
     def completed_snapshots(self, source: str) -> dict[str, int]:
-        """`schema.table` -> high watermark of its latest completed snapshot (its last page)."""
+        """`schema.table` -> high watermark of its latest completed snapshot (its last page).
+
+        A filtered snapshot (`snapshot --where`) read only some rows: it does not count.
+        """
         t = self._query(
             "select table_schema, table_name, max(high_watermark_lsn) as hw from t "
-            f"where source = {sql_str(source)} and last_page group by table_schema, table_name",
+            f"where source = {sql_str(source)} and last_page "
+            f"and not starts_with(snapshot_id, {sql_str(FILTERED_SNAPSHOT_PREFIX)}) group by table_schema, table_name",
             t=SNAPSHOT_PAGES_TABLE,
         )
         return {f"{r['table_schema']}.{r['table_name']}": int(r["hw"]) for r in t.to_pylist()}

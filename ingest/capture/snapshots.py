@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from ingest.bronze.writer import BronzeWriter
+from ingest.errors import SourceError
 from ingest.events import WriterKind
-from ingest.positions import SnapshotProgress
+from ingest.positions import SnapshotProgress, SourcePositions
 
 log = logging.getLogger(__name__)
 
 SnapshotWork = Callable[[Callable[[], bool]], None]
 STOP_WAIT_S = 30.0  # how long a stopping run waits for the snapshot's current page
+CONFIRM_WAIT_S = 0.5  # a pause or resume is read back this long after its write
+CONFIRM_ATTEMPTS = 5
 
 
 class SnapshotThread:
@@ -77,18 +82,71 @@ class SnapshotThread:
             )
 
 
-def cancel_requests(writer: BronzeWriter, source: str, table: str) -> int:
-    """Remove the source's snapshot writers of `table` (requested, queued or interrupted); how many.
+def _matches(progress: SnapshotProgress, target: str) -> bool:
+    """Whether a snapshot writer is the one `target` names: its table, snapshot id or writer id."""
+    return target in (progress.table, progress.snapshot_id, progress.writer_id)
 
-    Pages a snapshot committed stay in bronze: each row was the table's row at its watermark. A
-    `run` performing one of them keeps its own copy of the request; stop it first.
+
+def snapshots_of(writer: BronzeWriter, source: str, target: str) -> list[SnapshotProgress]:
+    """The source's registered snapshots of `target` (a table, snapshot id or writer id)."""
+    return [p for p in SourcePositions.read(writer, source).snapshots if _matches(p, target)]
+
+
+def cancel_requests(writer: BronzeWriter, source: str, target: str) -> int:
+    """Remove the source's snapshot writers of `target` (a table or a snapshot id); how many.
+
+    Requested, queued, paused or interrupted ones. Pages a snapshot committed stay in bronze:
+    each row was the table's row at its watermark. A `run` performing one of them keeps its own
+    copy of the request; stop it first.
     """
     rows = [
         pos
         for pos, _ in writer.positions(source)
-        if pos.writer_kind is WriterKind.SNAPSHOT and SnapshotProgress.from_row(pos).table == table
+        if pos.writer_kind is WriterKind.SNAPSHOT and _matches(SnapshotProgress.from_row(pos), target)
     ]
     for pos in rows:
         writer.remove_writer(source, pos.writer_id)
-        log.info("snapshot request cancelled source=%s table=%s writer=%s", source, table, pos.writer_id)
+        log.info("snapshot request cancelled source=%s target=%s writer=%s", source, target, pos.writer_id)
     return len(rows)
+
+
+def set_paused(writer: BronzeWriter, source: str, target: str, paused: bool) -> list[SnapshotProgress]:
+    """Pause (or resume) the source's snapshots of `target` (a table or a snapshot id); the ones changed.
+
+    The pause is kept in each snapshot's writer row (`paused` in its progress record), so it holds
+    across restarts and `status` shows it. A running `run` reads it within CONTROL_POLL_S and
+    starts no page of a paused snapshot; it raises the paused writer with the server's position
+    so the safe bound goes on. The run rewrites its rows with the pause it reads from bronze just
+    before; a write of the run that read the row just before this one's commit would still undo
+    it, so the row is read back after CONFIRM_WAIT_S and written again if so.
+    """
+    changed: list[SnapshotProgress] = []
+    for _ in range(CONFIRM_ATTEMPTS):
+        rows = [
+            (pos, started)
+            for pos, started in writer.positions(source)
+            if pos.writer_kind is WriterKind.SNAPSHOT and _matches(SnapshotProgress.from_row(pos), target)
+        ]
+        stale = [(pos, started) for pos, started in rows if SnapshotProgress.from_row(pos).paused != paused]
+        if not stale:
+            return changed or [SnapshotProgress.from_row(pos) for pos, _ in rows]
+        updated = []
+        for pos, started in stale:
+            progress = replace(SnapshotProgress.from_row(pos), paused=paused)
+            updated.append((replace(pos, resume_token=progress.to_json()), started))
+            if all(c.snapshot_id != progress.snapshot_id for c in changed):
+                changed.append(progress)
+        writer.raise_positions(updated)
+        for progress in changed:
+            log.info(
+                "snapshot %s source=%s table=%s snapshot_id=%s",
+                "paused" if paused else "resumed",
+                source,
+                progress.table,
+                progress.snapshot_id,
+            )
+        time.sleep(CONFIRM_WAIT_S)
+    raise SourceError(
+        f"snapshot {target} of source {source!r} did not keep its {'pause' if paused else 'resume'} after "
+        f"{CONFIRM_ATTEMPTS} writes (a run rewrote its row each time); run the command again"
+    )

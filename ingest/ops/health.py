@@ -262,6 +262,8 @@ def _snapshot_json(p: SnapshotProgress) -> dict[str, Any]:
         "estimated_rows": p.estimated_rows,
         "rows_left": left,
         "rows_per_second": p.rows_per_s,
+        "paused": p.paused,
+        "where": p.where,
     }
 
 

@@ -126,6 +126,12 @@ SNAPSHOT_ROWS_LEFT: Final = Gauge(
     ["source", "table"],
     registry=REGISTRY,
 )
+SNAPSHOT_PAUSED: Final = Gauge(
+    "changelake_snapshot_pause_status",
+    "1 while `snapshot pause` holds a snapshot of the table (it reads no page until `snapshot resume`), else 0.",
+    ["source", "table"],
+    registry=REGISTRY,
+)
 RETRIES: Final = Counter(
     "changelake_retries_total",
     "Restarts of a source's capture from its durable position after a transient failure.",

@@ -218,16 +218,24 @@ class Watcher:
         if bound is not None:
             metrics.SAFE_BOUND.labels(self.source).set(bound)
         tables = []
+        paused: dict[str, bool] = {}
         for pos, _ in rows:
             if pos.writer_kind is not WriterKind.SNAPSHOT:
                 continue
             p = SnapshotProgress.from_row(pos)
             tables.append((self.source, p.table))
+            paused[p.table] = paused.get(p.table, False) or p.paused
+            metrics.SNAPSHOT_PAUSED.labels(self.source, p.table).set(int(paused[p.table]))
             metrics.SNAPSHOT_ROWS.labels(self.source, p.table).set(p.rows)
             metrics.SNAPSHOT_PAGES.labels(self.source, p.table).set(p.pages)
             left = max(0, p.estimated_rows - p.rows) if p.estimated_rows is not None else float("nan")
             metrics.SNAPSHOT_ROWS_LEFT.labels(self.source, p.table).set(left)
-        for gauge in (metrics.SNAPSHOT_ROWS, metrics.SNAPSHOT_PAGES, metrics.SNAPSHOT_ROWS_LEFT):
+        for gauge in (
+            metrics.SNAPSHOT_ROWS,
+            metrics.SNAPSHOT_PAGES,
+            metrics.SNAPSHOT_ROWS_LEFT,
+            metrics.SNAPSHOT_PAUSED,
+        ):
             metrics.forget(gauge, tables, self.source)
 
     def _set_alerts(self, found: list[Alert]) -> None:

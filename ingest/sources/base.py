@@ -38,10 +38,11 @@ class Source(Protocol):
     def captures(self, table: str) -> bool:
         """Whether `table` (`schema.table`, or `database.collection`) is captured by this source."""
 
-    def request_snapshot(self, writer: BronzeWriter, table: str) -> tuple[str, int]:
+    def request_snapshot(self, writer: BronzeWriter, table: str, where: str | None = None) -> tuple[str, int]:
         """Register an on-demand snapshot of `table`; its writer id and start position.
 
-        A running `run` picks it up within seconds, otherwise the next `run` does.
+        `where`: a filtered snapshot, of the rows this predicate selects (Postgres only). A running
+        `run` picks it up within seconds, otherwise the next `run` does.
         """
 
     def source_status(self) -> list[str]:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from ingest.bronze.writer import BronzeWriter
 from ingest.config import BatchConfig, MongoSource
+from ingest.errors import ConfigError
 from ingest.progress import Progress
 from ingest.sources.mongodb.capture import MongoCapture
 from ingest.sources.mongodb.changes import unpack_cluster_time
@@ -59,8 +60,16 @@ class MongoAdapter:
         db, _, coll = table.partition(".")
         return db == self.src.database and bool(coll) and (self.src.collections is None or coll in self.src.collections)
 
-    def request_snapshot(self, writer: BronzeWriter, table: str) -> tuple[str, int]:
-        """Register a snapshot writer for the collection at the safe bound; its id and start."""
+    def request_snapshot(self, writer: BronzeWriter, table: str, where: str | None = None) -> tuple[str, int]:
+        """Register a snapshot writer for the collection at the safe bound; its id and start.
+
+        A filtered snapshot (`where`) is refused: a collection's snapshot reads it whole.
+        """
+        if where is not None:
+            raise ConfigError(
+                f"source {self.src.name!r} is a MongoDB source: a filtered snapshot (--where) is for Postgres "
+                f"tables only; `snapshot {table}` reads the whole collection"
+            )
         client = connect(self.src)
         try:
             progress, start = request_snapshot(self.src, client, writer, table.partition(".")[2])

@@ -69,10 +69,10 @@ class PostgresAdapter:
         """Whether `schema.table` is one of the configured tables, or matched by the selection's patterns."""
         return table in self.src.tables or (table.count(".") == 1 and self.src.selection.matches(table.split(".")))
 
-    def request_snapshot(self, writer: BronzeWriter, table: str) -> tuple[str, int]:
-        """Register a snapshot writer for `table` at the safe bound; its id and start."""
+    def request_snapshot(self, writer: BronzeWriter, table: str, where: str | None = None) -> tuple[str, int]:
+        """Register a snapshot writer for `table` (of the rows `where` selects) at the safe bound; its id and start."""
         self._in_scope()
-        task = request_snapshot(self.src, writer, table)
+        task = request_snapshot(self.src, writer, table, where)
         return task.writer_id, task.durable_lsn
 
     def source_status(self) -> list[str]:

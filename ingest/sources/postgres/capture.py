@@ -227,7 +227,9 @@ class PostgresCapture:
         return {
             t.table
             for t in self.snapshotter.load()
-            if t.keys is None and self.writer.last_durable_page(self.src.name, t.snapshot_id) is None
+            if t.keys is None
+            and t.where is None
+            and self.writer.last_durable_page(self.src.name, t.snapshot_id) is None
         }
 
     def _resnapshot_if_rows_changed(self, admin: PostgresAdmin, before: RelationShape, after: RelationShape) -> None:

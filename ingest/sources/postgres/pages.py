@@ -21,6 +21,7 @@ from ingest.events import SnapshotRow, lsn_to_int
 from ingest.sources.postgres import copy_text
 from ingest.sources.postgres.admin import connect
 from ingest.sources.postgres.catalog import TableShape
+from ingest.sources.postgres.filters import filter_sql
 from ingest.sources.postgres.replication import connect_value_session
 from ingest.sources.postgres.rows import encode_key, encode_record, json_keys
 from ingest.sources.postgres.standby import read_standby_snapshot
@@ -41,6 +42,8 @@ COPY_CHUNK_ROWS = 5_000
 COPY_CHUNK_BYTES = 8 * 1024 * 1024
 SPLIT_SAMPLE_ROWS = 2_000  # keys sampled to cut a large table into ranges
 MAX_TID_OFFSET = 65535  # `(b,65535)` is after every row of block b: a CTID cursor past a whole block
+FILTER_CHECK_TIMEOUT_MS = 2_000  # how long a filter's check runs it on the table's rows
+QUERY_CANCELED = b"57014"  # the check's statement_timeout ended it
 # A test (or an operator's debugging session) may run statements at moments of a page:
 # "before_read", "after_begin" (the page's snapshot is taken next) and "after_read".
 Hook = Callable[[str, "SnapshotTask", int], None]
@@ -102,7 +105,6 @@ class PageReader:
         self.conn.finish()
         if self.primary is not None:
             self.primary.close()
-
 
     def _exec(self, query: bytes, params: Sequence[bytes | None] = ()) -> pq.abc.PGresult:
         return self._exec_result(self.conn.exec_params(query, list(params)) if params else self.conn.exec_(query))
@@ -177,6 +179,8 @@ class PageReader:
             conds.append(sql.SQL("({}) in ({})").format(keys, tuples))
         if task.after is not None:
             conds.append(sql.SQL("({}) > ({})").format(keys, bound(task.after)))
+        if task.where is not None:
+            conds.append(filter_sql(task.where))
         if task.bounded and task.until is None:
             conds.append(sql.SQL("false"))  # the table was empty when the snapshot started
         if task.until is not None:
@@ -246,6 +250,8 @@ class PageReader:
         while first < end:
             hi = min(end, first + span)
             lower = sql.SQL("ctid > {}::tid and ").format(sql.Literal(after)) if after is not None else sql.SQL("")
+            if task.where is not None:
+                lower = lower + filter_sql(task.where) + sql.SQL(" and ")
             query = sql.SQL("select {}, ctid from {} where {}ctid < {}::tid order by ctid limit {}").format(
                 cols, shape.scan, lower, sql.Literal(f"({hi},0)"), sql.Literal(limit - len(rows))
             )
@@ -410,18 +416,53 @@ class PageReader:
                 "its last durable page with the new columns"
             )
 
-    def max_key(self, shape: TableShape) -> tuple[str, ...] | None:
-        """The table's largest key now (as key text), or None if it is empty."""
+    def max_key(self, shape: TableShape, where: str | None = None) -> tuple[str, ...] | None:
+        """The table's largest key now (as key text), of the rows `where` selects; None if there is none.
+
+        Read in a READ ONLY transaction: a filter's predicate never runs where it could write.
+        """
         keys = [sql.Identifier(shape.columns[i]) for i in shape.key_positions]
-        query = sql.SQL("select {} from {} order by {} limit 1").format(
+        query = sql.SQL("select {} from {}{} order by {} limit 1").format(
             sql.SQL(", ").join(keys),
             shape.scan,
+            sql.SQL(" where ") + filter_sql(where) if where is not None else sql.SQL(""),
             sql.SQL(", ").join(sql.SQL("{} desc").format(k) for k in keys),
         )
-        res = self._exec(query.as_string(None).encode())
+        if where is not None:
+            self._exec(b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            res = self._exec(query.as_string(None).encode())
+            self._exec(b"COMMIT")
+            return self._first_key(res, len(keys))
+        return self._first_key(self._exec(query.as_string(None).encode()), len(keys))
+
+    @staticmethod
+    def _first_key(res: pq.abc.PGresult, width: int) -> tuple[str, ...] | None:
         if res.ntuples == 0:
             return None
-        return tuple(bytes(res.get_value(0, i) or b"").decode() for i in range(len(keys)))
+        return tuple(bytes(res.get_value(0, i) or b"").decode() for i in range(width))
+
+    def filter_problem(self, shape: TableShape, where: str) -> str | None:
+        """What the server says is wrong with `where` as a filter of the table, or None.
+
+        `select 1 from <table> where (<predicate>) limit 1` in a READ ONLY transaction that is
+        rolled back: the server parses and plans it (syntax, columns, types, a boolean result) and
+        runs it on rows until one matches, so a function a page could not run (one that writes,
+        in a read-only transaction) fails here. Still running after FILTER_CHECK_TIMEOUT_MS (a
+        selective predicate on a large table) it is accepted: it ran without error so far.
+        """
+        query = sql.SQL("select 1 from {} where {} limit 1").format(shape.scan, filter_sql(where))
+        self._exec(b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        self._exec(b"SET LOCAL statement_timeout = %d" % FILTER_CHECK_TIMEOUT_MS)
+        res = self.conn.exec_(query.as_string(None).encode())
+        code = res.error_field(pq.DiagnosticField.SQLSTATE)
+        ok = res.status == pq.ExecStatus.TUPLES_OK or code == QUERY_CANCELED
+        primary = res.error_field(pq.DiagnosticField.MESSAGE_PRIMARY)
+        if self.conn.status != pq.ConnStatus.OK:
+            self._exec_result(res)  # the connection was lost, not the predicate refused: raised as such
+        self._exec(b"ROLLBACK")
+        if ok:
+            return None
+        return (primary or b"the server refused it").decode(errors="replace")
 
     def split_keys(self, shape: TableShape, parts: int, estimated_rows: int) -> list[tuple[str, ...]]:
         """Up to `parts - 1` keys that cut the table into ranges of about equal rows, ascending.

@@ -31,13 +31,14 @@ from psycopg import sql
 from ingest import faults
 from ingest.bronze.writer import BronzeWriter
 from ingest.config import PostgresSource
-from ingest.errors import SourceError
+from ingest.errors import SourceError, SourceUnavailableError
 from ingest.events import SnapshotPage, SourceKind, WriterKind, WriterPosition
-from ingest.positions import SnapshotProgress, SourcePositions, snapshot_writer_id
+from ingest.positions import FILTERED_SNAPSHOT_PREFIX, SnapshotProgress, SourcePositions, snapshot_writer_id
 from ingest.progress import Progress
 from ingest.sources.postgres import native
 from ingest.sources.postgres.admin import PostgresAdmin
 from ingest.sources.postgres.catalog import TableShape, captured_shape, estimate_rows, table_shape
+from ingest.sources.postgres.filters import predicate_problem
 from ingest.sources.postgres.pages import Hook, PageReader, page_encoders
 from ingest.sources.postgres.rereads import RereadKeys
 from ingest.sources.postgres.rows import json_keys
@@ -50,6 +51,7 @@ REREAD_POLL_S = 60.0  # how often a continuous run looks in silver for keys to r
 REPLICA_IDENTITY_FULL = "f"  # pg_class.relreplident
 RELKIND_PARTITIONED = "p"  # pg_class.relkind
 POSITION_INTERVAL_S = 2.0  # a running snapshot raises its writer row at most this often (and at its end)
+CONTROL_POLL_S = 0.25  # how often a run with snapshots to do reads `snapshot pause|resume` from their rows
 
 
 class SnapshotStopped(Exception):
@@ -79,6 +81,8 @@ class SnapshotTask:
     # this the table's file then (a rewrite moves every row: the snapshot starts over).
     relfilenode: int | None = None
     span_blocks: int | None = None  # blocks a CTID page reads first (from the rows per block seen)
+    paused: bool = False  # `snapshot pause`, as last read from its writer row: no page is started
+    where: str | None = None  # a filtered snapshot: only the rows this predicate selects
 
     @property
     def writer_id(self) -> str:
@@ -99,6 +103,8 @@ class SnapshotTask:
             self.keys,
             self.start,
             self.relfilenode,
+            self.paused,
+            self.where,
         )
         return WriterPosition(
             source, self.writer_id, WriterKind.SNAPSHOT, self.durable_lsn, self.durable_lsn, progress.to_json()
@@ -123,6 +129,8 @@ class SnapshotTask:
             keys=p.keys,
             start=p.start,
             relfilenode=p.relfilenode,
+            paused=p.paused,
+            where=p.where,
         )
 
 
@@ -180,17 +188,22 @@ class Snapshotter:
         tables: Sequence[str],
         current_lsn: Callable[[], int],
         keys: Sequence[tuple[tuple[str, ...], ...] | None] | None = None,
+        where: str | None = None,
     ) -> list[SnapshotTask]:
         """Register one snapshot writer per table (one Delta commit); they run in request order.
 
-        With `keys`, the i-th task re-reads only those keys of the i-th table.
+        With `keys`, the i-th task re-reads only those keys of the i-th table. With `where` (a
+        predicate `check_filter` accepted), each reads only the rows it selects.
         """
         if not tables:
             return []
         start = self._start_lsn(current_lsn)
         now = datetime.now(UTC)
+        prefix = FILTERED_SNAPSHOT_PREFIX if where is not None else ""
         new = [
-            SnapshotTask(t, uuid.uuid4().hex, now, start, keys=keys[i] if keys is not None else None)
+            SnapshotTask(
+                t, prefix + uuid.uuid4().hex, now, start, keys=keys[i] if keys is not None else None, where=where
+            )
             for i, t in enumerate(tables)
         ]
         self.writer.raise_positions([(t.position(self.src.name), t.started_at) for t in new])
@@ -203,7 +216,7 @@ class Snapshotter:
     def request_initial(self, current_lsn: Callable[[], int]) -> list[SnapshotTask]:
         """Request a snapshot of every configured table that never completed one and has none running."""
         done = self.writer.completed_snapshots(self.src.name)
-        running = {t.table for t in self.load()}
+        running = {t.table for t in self.load() if t.where is None}  # a filtered one reads only some rows
         return self.request([t for t in self.src.tables if t not in done and t not in running], current_lsn)
 
     def request_rereads(self, current_lsn: Callable[[], int]) -> list[SnapshotTask]:
@@ -238,12 +251,23 @@ class Snapshotter:
         try:
             types = TypeCatalog.from_rows(admin.type_catalog_rows(TYPE_CATALOG_SQL))
             self.request_rereads(reader.current_lsn)
-            last_poll = last_reread = time.monotonic()
+            last_poll = last_reread = last_control = time.monotonic()
+            last_paused_raise = 0.0
             while not stop():
                 for writer_id in [w for w, t in running.items() if not t.is_alive()]:
                     del running[writer_id]
+                if self.tasks and time.monotonic() - last_control >= CONTROL_POLL_S:
+                    self._read_control()
+                    last_control = time.monotonic()
                 with self._lock:
-                    waiting = [t for t in self.tasks if t.writer_id not in running]
+                    waiting = [t for t in self.tasks if t.writer_id not in running and not t.paused]
+                    paused = [t for t in self.tasks if t.writer_id not in running and t.paused]
+                if paused and (
+                    not (waiting or running or poll_requests)
+                    or time.monotonic() - last_paused_raise >= POSITION_INTERVAL_S
+                ):
+                    self._raise_paused(paused, reader.current_lsn())
+                    last_paused_raise = time.monotonic()
                 for task in waiting[: max(0, self.max_parallel - len(running))]:
                     thread = threading.Thread(
                         target=self._work,
@@ -253,10 +277,10 @@ class Snapshotter:
                     )
                     running[task.writer_id] = thread
                     thread.start()
-                if self.tasks or running:
+                if waiting or running:
                     time.sleep(0.05)
                     continue
-                if not poll_requests:
+                if not poll_requests:  # a paused snapshot waits for `snapshot resume` and a later run
                     return
                 if time.monotonic() - last_poll >= REQUEST_POLL_S:
                     self.load()
@@ -296,6 +320,14 @@ class Snapshotter:
                     self.tasks.remove(task)
                     if done:
                         self.completed.append(task)
+        except SourceError as e:
+            if task.where is None or isinstance(e, SourceUnavailableError):
+                log.error("snapshot failed source=%s table=%s error=%s", self.src.name, task.table, e)
+                failures.append(e)
+            else:  # its predicate failed on a row the check did not reach: retried, it would stop every run
+                self._drop(task, f"its predicate failed: {e}")
+                with self._lock:
+                    self.tasks.remove(task)
         except BaseException as e:  # raised by `run` in the caller's thread
             log.error("snapshot failed source=%s table=%s error=%s", self.src.name, task.table, e)
             failures.append(e)
@@ -311,7 +343,7 @@ class Snapshotter:
         """
         est = task.estimated_rows or 0
         cuts: list[tuple[str, ...]] = []
-        if self.max_parallel > 1 and est > self.src.snapshot.split_rows and not shape.partitioned:
+        if self.max_parallel > 1 and est > self.src.snapshot.split_rows and not shape.partitioned and not task.where:
             # Not for a snapshot that resumes after pages: its ranges below its last key are read.
             cuts = reader.split_keys(shape, self.max_parallel, est) if task.until and task.after is None else []
         if not cuts:
@@ -333,7 +365,7 @@ class Snapshotter:
         ]
         task.until, task.estimated_rows = cuts[0], est // len(bounds)
         with self._lock:
-            self.writer.raise_positions([(t.position(self.src.name), t.started_at) for t in [task, *parts]])
+            self.writer.raise_positions(self._rows_of([task, *parts]))
             self.tasks.extend(parts)
         log.info("snapshot split source=%s table=%s ranges=%d", self.src.name, task.table, len(bounds))
 
@@ -370,11 +402,16 @@ class Snapshotter:
         if by_ctid and not task.bounded:
             self._bound_by_ctid(task, reader, shape)
         elif not task.bounded and task.keys is None:
-            task.until, task.bounded = reader.max_key(shape), True
+            task.until, task.bounded = reader.max_key(shape, task.where), True
             self._split(task, reader, shape)
         t0, rows0 = time.monotonic(), task.rows
         last_raise = 0.0
         while not should_stop():
+            if task.paused:  # the run's scheduler raises its row while it waits (`_raise_paused`)
+                log.info(
+                    "snapshot paused source=%s table=%s page=%d rows=%d", self.src.name, task.table, page, task.rows
+                )
+                return False
             if by_ctid:
                 read = reader.read_ctid_page(shape, encoders, task, page, self.page_rows, self.src.snapshot.page_bytes)
                 if read.filenode != task.relfilenode:
@@ -452,7 +489,7 @@ class Snapshotter:
         task.until, task.bounded = (str(end),), True
         task.span_blocks = max(1, self.page_rows // max(1, per_block))
         with self._lock:
-            self.writer.raise_positions([(task.position(self.src.name), task.started_at)])
+            self.writer.raise_positions(self._rows_of([task]))
 
     def _start_over(self, task: SnapshotTask, filenode: int | None) -> None:
         """A keyless table was rewritten under its CTID snapshot: replace the snapshot by a new one.
@@ -463,7 +500,8 @@ class Snapshotter:
         before the old writer is removed: a crash between leaves both, and the old one starts over
         again when it meets the new file.
         """
-        new = SnapshotTask(task.table, uuid.uuid4().hex, task.started_at, task.durable_lsn)
+        prefix = FILTERED_SNAPSHOT_PREFIX if task.where is not None else ""
+        new = SnapshotTask(task.table, prefix + uuid.uuid4().hex, task.started_at, task.durable_lsn, where=task.where)
         with self._lock:
             self.writer.raise_positions([(new.position(self.src.name), new.started_at)])
             self.writer.remove_writer(self.src.name, task.writer_id)
@@ -491,7 +529,47 @@ class Snapshotter:
             queued = [t for t in self.tasks if not t.claimed]
             for t in queued:
                 t.durable_lsn = max(t.durable_lsn, hw)
-            self.writer.raise_positions([(t.position(self.src.name), t.started_at) for t in [task, *queued]])
+            self.writer.raise_positions(self._rows_of([task, *queued]))
+
+    def _rows_of(self, tasks: Sequence[SnapshotTask]) -> list[tuple[WriterPosition, datetime]]:
+        """The writer rows of `tasks` to write, each keeping the pause its row in bronze says now.
+
+        `snapshot pause|resume` rewrites a row from another process; a row built from what the
+        run read a page ago would undo it. The caller holds the lock.
+        """
+        rows = {p.writer_id: p for p, _ in self.writer.positions(self.src.name)}
+        for t in tasks:
+            if (row := rows.get(t.writer_id)) is not None:
+                t.paused = SnapshotProgress.from_row(row).paused
+        return [(t.position(self.src.name), t.started_at) for t in tasks]
+
+    def _read_control(self) -> None:
+        """Take `snapshot pause|resume` from the writer rows: a paused snapshot starts no page."""
+        rows = {p.writer_id: p for p, _ in self.writer.positions(self.src.name)}
+        with self._lock:
+            for t in self.tasks:
+                row = rows.get(t.writer_id)
+                paused = SnapshotProgress.from_row(row).paused if row is not None else t.paused
+                if paused != t.paused:
+                    log.info(
+                        "snapshot %s source=%s table=%s snapshot_id=%s",
+                        "paused" if paused else "resumed",
+                        self.src.name,
+                        t.table,
+                        t.snapshot_id,
+                    )
+                t.paused = paused
+
+    def _raise_paused(self, tasks: Sequence[SnapshotTask], lsn: int) -> None:
+        """Raise paused snapshots, none of which has a page being read, to the server's position `lsn`.
+
+        A paused snapshot reads nothing, and a page it reads after its resume emits its
+        watermark after `lsn`; so the stream goes on and the safe bound with it while it waits.
+        """
+        with self._lock:
+            for t in tasks:
+                t.durable_lsn = max(t.durable_lsn, lsn)
+            self.writer.raise_positions(self._rows_of(tasks))
 
     def _drop(self, task: SnapshotTask, refusal: str) -> None:
         """Remove a request that cannot be performed: a `run` goes on without it, the log says why.
@@ -513,7 +591,7 @@ class Snapshotter:
             for t in queued:
                 t.durable_lsn = max(t.durable_lsn, hw)
             if queued:  # they wait behind this one: they must not hold the safe bound back meanwhile
-                self.writer.raise_positions([(t.position(self.src.name), t.started_at) for t in queued])
+                self.writer.raise_positions(self._rows_of(queued))
             self.writer.remove_writer(self.src.name, task.writer_id)
         if self.progress is not None:
             self.progress.note = ""
@@ -562,21 +640,38 @@ def cannot_snapshot(admin: PostgresAdmin, table: str) -> str | None:
     return None
 
 
-def request_snapshot(src: PostgresSource, writer: BronzeWriter, table: str) -> SnapshotTask:
+def request_snapshot(src: PostgresSource, writer: BronzeWriter, table: str, where: str | None = None) -> SnapshotTask:
     """Register an on-demand snapshot of `table`; a running (or the next) `run` performs it.
 
-    SourceError, and nothing registered, if the table cannot be snapshotted (`cannot_snapshot`).
+    With `where`, a filtered snapshot: only the rows that SQL predicate selects. SourceError, and
+    nothing registered, if the table cannot be snapshotted (`cannot_snapshot`) or the predicate is
+    not one expression the server accepts as a filter of the table (`check_filter`).
     """
     admin = PostgresAdmin(src)
     try:
         refusal = cannot_snapshot(admin, table)
+        shape = table_shape(admin, table, keyless=True) if refusal is None and where is not None else None
     finally:
         admin.close()
     if refusal is not None:
         raise SourceError(f"cannot snapshot {table}: {refusal}")
     reader = PageReader(src)
     try:
+        if shape is not None and where is not None:
+            check_filter(reader, shape, table, where)
         writer.ensure_tables()
-        return Snapshotter(src, writer).request([table], reader.current_lsn)[0]
+        return Snapshotter(src, writer).request([table], reader.current_lsn, where=where)[0]
     finally:
         reader.close()
+
+
+def check_filter(reader: PageReader, shape: TableShape, table: str, where: str) -> None:
+    """SourceError if `where` is not one predicate the server accepts as a filter of the table.
+
+    Its shape first (one expression: filters.py), then the server's parse and plan of it in a READ
+    ONLY transaction rolled back (`PageReader.filter_problem`): an unknown column, a syntax error
+    or a result that is not boolean is refused before anything is queued.
+    """
+    problem = predicate_problem(where) or reader.filter_problem(shape, where)
+    if problem is not None:
+        raise SourceError(f"cannot snapshot {table} where {where!r}: {problem}; nothing was queued")

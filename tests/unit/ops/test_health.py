@@ -153,6 +153,8 @@ def test_the_json_schema_is_the_documented_one() -> None:
             "estimated_rows": 100,
             "rows_left": 80,
             "rows_per_second": 5.0,
+            "paused": False,
+            "where": None,
         }
     ]
     assert src["writers"][1]["position_age_seconds"] == 5.0 and src["writers"][1]["updated_at"].endswith("Z")
