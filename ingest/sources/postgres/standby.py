@@ -12,7 +12,6 @@ which pg_snapshot does not carry), so ingest lists them itself (`read_standby_sn
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,8 +26,6 @@ from ingest.errors import SourceError, SourceUnavailableError
 from ingest.events import lsn_to_int
 from ingest.sources.postgres.replication import safe_dsn
 
-log = logging.getLogger(__name__)
-
 STANDBY_DECODING_VERSION = 160000  # server_version_num of the first release that decodes on a standby
 # While a slot is created on a standby, the primary logs a standby snapshot this often: the slot
 # waits for one (a running-transactions record) after its start, which an idle primary logs only
@@ -39,7 +36,7 @@ STANDBY_SNAPSHOT_INTERVAL_S = 0.5
 QUIET_SNAPSHOT_TIMEOUT_S = 60.0
 QUIET_SNAPSHOT_BACKOFF_S = (0.001, 0.05)  # first and largest pause between tries
 # The WAL position a source has reached: its replay position on a standby (pg_current_wal_lsn()
-# fails there), its insert position's flush on a primary.
+# fails there), its current write position on a primary.
 WAL_POSITION_SQL = "case when pg_is_in_recovery() then pg_last_wal_replay_lsn() else pg_current_wal_lsn() end"
 # The page's first statement takes its snapshot; the in-progress transactions below its xmax are
 # those the standby has neither committed nor aborted (pg_xact_status: its clog and known xids).
@@ -113,13 +110,12 @@ def standby_snapshots_logged(source: str, primary: psycopg.Connection[tuple[obje
     thread of its own until the body ends: nothing else may use it meanwhile.
     """
     done = threading.Event()
-    conn = primary
 
     def log_snapshots() -> None:
         while not done.wait(STANDBY_SNAPSHOT_INTERVAL_S):
-            conn.execute("select pg_log_standby_snapshot()")
+            primary.execute("select pg_log_standby_snapshot()")
 
-    conn.execute("select pg_log_standby_snapshot()")
+    primary.execute("select pg_log_standby_snapshot()")
     thread = threading.Thread(target=log_snapshots, name=f"standby-snapshots-{source}", daemon=True)
     thread.start()
     try:
