@@ -14,5 +14,6 @@
     {%- endif -%}
     {%- set result = dbt.materialization_incremental_spark() -%}
     {%- do changelake_store_input_versions(input_versions) -%}
+    {%- do changelake_report_completeness() -%}
     {{ return(result) }}
 {%- endmaterialization %}

@@ -3,6 +3,7 @@
         materialized='changelake_incremental',
         incremental_strategy='append',
         skip_when='inputs_unchanged',
+        report_completeness=true,
     )
 }}
 
@@ -12,6 +13,7 @@
 -- so the rows of earlier runs stay as their certificates; a run in which none of its inputs got a
 -- Delta commit (nothing loaded, no new verify) adds nothing and starts no Spark job (skip_when). A
 -- run that loaded no bound (loaded_bounds empty: only part of silver selected) certifies nothing.
+-- The run's certificate is also the node's result message in run_results.json (report_completeness).
 
 with
 

@@ -160,6 +160,12 @@ def test_user_models_read_each_change_once_across_a_killed_run(warehouse: Path, 
     )
     assert row.complete_through_commit_at == last.commit_timestamp
     assert (row.last_verify_run_id, row.verify_status, row.tables_verified) == (verify_run, "mismatch", 2)
+    # The same certificate in dbt's run artifacts: the completeness node's result message.
+    (built,) = [r for r in results if r["unique_id"] == "model.changelake.completeness"]
+    assert built["adapter_response"]["code"] == "completeness", built
+    message = built["adapter_response"]["_message"]
+    assert f"{s.name} through position {loaded.loaded_safe_lsn}, last change committed 20" in message, message
+    assert message.startswith("complete: ") and f"{s.name} " in message and "verify mismatch" in message, message
 
     # Freshness: the commit time of the last bronze row (heartbeats included) at or below the safe bound.
     dbt(warehouse, "source", "freshness", "--select", "source:changelake.bronze.wal_events")
