@@ -69,3 +69,29 @@ def test_a_mongodb_source_refuses_a_filtered_snapshot() -> None:
     src = MongoSource(kind="mongodb", name="m", uri="mongodb://127.0.0.1:1", database="d")
     with pytest.raises(ConfigError, match="Postgres tables only"):
         MongoAdapter(src).request_snapshot(None, "d.c", "x > 1")  # type: ignore[arg-type]
+
+
+def test_a_paused_snapshot_sets_its_table_gauge() -> None:
+    from datetime import UTC, datetime
+
+    from ingest.config import AlertsConfig
+    from ingest.events import WriterKind, WriterPosition
+    from ingest.ops.metrics import REGISTRY
+    from ingest.ops.watch import Watcher
+
+    def row(p: SnapshotProgress) -> tuple[WriterPosition, datetime]:
+        return WriterPosition("pz", p.writer_id, WriterKind.SNAPSHOT, 5, 5, p.to_json()), datetime.now(UTC)
+
+    rows = [
+        row(SnapshotProgress("s.t", "a", paused=True)),
+        row(SnapshotProgress("s.t", "b")),
+        row(SnapshotProgress("s.u", "c")),
+    ]
+    w = Watcher("pz", AlertsConfig(), lambda: rows, None, positions_interval_s=0)
+    w.poll()
+    assert REGISTRY.get_sample_value("changelake_snapshot_pause_status", {"source": "pz", "table": "s.t"}) == 1
+    assert REGISTRY.get_sample_value("changelake_snapshot_pause_status", {"source": "pz", "table": "s.u"}) == 0
+    rows[:] = [row(SnapshotProgress("s.t", "b"))]  # the paused one was cancelled
+    w.poll()
+    assert REGISTRY.get_sample_value("changelake_snapshot_pause_status", {"source": "pz", "table": "s.t"}) == 0
+    assert REGISTRY.get_sample_value("changelake_snapshot_pause_status", {"source": "pz", "table": "s.u"}) is None
