@@ -13,5 +13,5 @@
     {%- if existing is none or (relation.render() == this.render() and should_full_refresh()) -%}
         {{ return(none) }}
     {%- endif -%}
-    {{ return({'rows': query_rows_at_execution(query)}) }}
+    {{ return({'rows': changelake.query_rows_at_execution(query)}) }}
 {% endmacro %}

@@ -7,11 +7,13 @@
         neither skips nor repeats an event; deletes and truncates are events like the others.
         `relation` must keep sequin_events' `source` and seq; a model that filters rows still
         reads each event once (later events of other tables are read again and filtered again).
+        Called from a host project's model, an unqualified macro name resolves in the host's
+        namespace, not this package's: the macros it calls are named with `changelake.`.
     -#}
     {%- set stored_query -%}
         select source, max({{ seq_column }}) as stored_seq from {{ relation }} group by source
     {%- endset -%}
-    {%- set stored = changelake_stored_positions(relation, stored_query) -%}
+    {%- set stored = changelake.changelake_stored_positions(relation, stored_query) -%}
     (
         select changes.*
         from {{ ref('sequin_events') }} as changes
@@ -19,7 +21,7 @@
             on changes.source = safe_bounds.source
         {%- if stored is not none %}
             left join (
-                {{ rows_as_relation(stored.rows, [['source', 'string'], ['stored_seq', 'bigint']], stored_query) }}
+                {{ changelake.rows_as_relation(stored.rows, [['source', 'string'], ['stored_seq', 'bigint']], stored_query) }}
             ) as stored
                 on changes.source = stored.source
         {%- endif %}
@@ -31,9 +33,9 @@
             {%- if stored is not none and stored.rows %}
                 {#- The same bound as literals, so Delta skips the files of stored events. -#}
                 and (
-                    changes.source not in ({% for row in stored.rows %}{{ sql_literal(row.source) }}{{ ', ' if not loop.last }}{% endfor %})
+                    changes.source not in ({% for row in stored.rows %}{{ changelake.sql_literal(row.source) }}{{ ', ' if not loop.last }}{% endfor %})
                     {%- for row in stored.rows %}
-                        or (changes.source = {{ sql_literal(row.source) }} and changes.seq > {{ sql_literal(row.get('stored_seq', 0)) }})
+                        or (changes.source = {{ changelake.sql_literal(row.source) }} and changes.seq > {{ changelake.sql_literal(row.get('stored_seq', 0)) }})
                     {%- endfor %}
                 )
             {%- endif %}

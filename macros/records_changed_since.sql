@@ -8,6 +8,8 @@
         merging these rows on (source, table_schema, table_name, record_pk) keeps the model equal to
         consumer_records. Deleted and truncated keys come as tombstones (deleted = true).
         `relation` must keep `source`, `commit_lsn` and `commit_index`.
+        Called from a host project's model, an unqualified macro name resolves in the host's
+        namespace, not this package's: the macros it calls are named with `changelake.`.
     -#}
     {%- set stored_query -%}
         select
@@ -17,13 +19,13 @@
         from {{ relation }}
         group by source
     {%- endset -%}
-    {%- set stored = changelake_stored_positions(relation, stored_query) -%}
+    {%- set stored = changelake.changelake_stored_positions(relation, stored_query) -%}
     (
         select records.*
         from {{ ref('consumer_records') }} as records
         {%- if stored is not none %}
             left join (
-                {{ rows_as_relation(stored.rows, [
+                {{ changelake.rows_as_relation(stored.rows, [
                     ['source', 'string'],
                     ['stored_commit_lsn', 'bigint'],
                     ['stored_commit_index', 'int'],

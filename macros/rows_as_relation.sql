@@ -12,7 +12,7 @@
     {%- for row in (rows if rows else [{}]) -%}
         {%- set items = [] -%}
         {%- for column in columns -%}
-            {%- do items.append(sql_literal(row.get(column[0]), column[1]) ~ ' as ' ~ column[0]) -%}
+            {%- do items.append(changelake.sql_literal(row.get(column[0]), column[1]) ~ ' as ' ~ column[0]) -%}
         {%- endfor -%}
         {%- do selects.append('select ' ~ items | join(', ') ~ ('' if rows else ' where false')) -%}
     {%- endfor -%}

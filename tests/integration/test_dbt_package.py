@@ -1,7 +1,8 @@
 """changelake as a dbt package: a host project installs it from the working tree and builds on real bronze.
 
-The host project (in tmp) has a `local:` entry in packages.yml, its own model over the package's
-`consumer_records`, and the typed gold models `changelake-ingest gold generate` writes into its
+The host project (in tmp) has a `local:` entry in packages.yml, its own incremental models over
+the package's macros for users' models (`changelake.records_changed_since`, `changelake.changes_since`),
+and the typed gold models `changelake-ingest gold generate` writes into its
 own models folder; it sets the package's bronze root through a project var. Two rounds of ingest
 and `dbt build` check what only works when the package's own macros are found from a package: its
 materializations (named changelake_*, as dbt ignores a package's override of the built-ins), its
@@ -47,10 +48,18 @@ def host_project(path: Path, bronze_root: Path) -> Path:
     }
     (path / "dbt_project.yml").write_text(yaml.safe_dump(project, sort_keys=False))
     (path / "packages.yml").write_text(yaml.safe_dump({"packages": [{"local": str(ROOT)}]}))
-    # The host's own merge model: the package's merge override must leave it dbt-spark's merge.
+    # The host's own merge model, fed by the package's user macro for incremental models: the
+    # package's merge override must leave it dbt-spark's merge, and each run merges only the
+    # records that changed past what it holds.
     (path / "models" / "order_keys.sql").write_text(
         "{{ config(materialized='incremental', incremental_strategy='merge', unique_key='record_pk') }}\n"
-        "select record_pk, deleted from {{ ref('consumer_records') }}\n"
+        "select source, record_pk, deleted, commit_lsn, commit_index\n"
+        "from {{ changelake.records_changed_since(this) }} as changed\n"
+    )
+    # And an append-only change log over the package's changes_since: each event exactly once.
+    (path / "models" / "order_changes.sql").write_text(
+        "{{ config(materialized='incremental', incremental_strategy='append') }}\n"
+        "select source, seq, action, record_pk from {{ changelake.changes_since(this) }} as changes\n"
     )
     return path
 
@@ -76,7 +85,7 @@ def test_a_host_project_builds_silver_and_gold_from_the_package(tmp_path: Path, 
 
     # Light: silver's chain to loaded_bounds, table_columns and the host's model, without tests here
     # (the second round runs the tests of what it builds).
-    dbt(warehouse, "run", "--select", "+loaded_bounds", "+table_columns", "order_keys", project=host)
+    dbt(warehouse, "run", "--select", "+loaded_bounds", "+table_columns", "order_keys", "order_changes", project=host)
     results = run_results(warehouse)
     manifest = json.loads((warehouse.parent / "dbt-target" / "manifest.json").read_text())
     records_id = "model.changelake.consumer_records"
@@ -91,6 +100,15 @@ def test_a_host_project_builds_silver_and_gold_from_the_package(tmp_path: Path, 
 
     assert sorted(live()) == [1, 2, 4, 5, 6] and live()[2]["customer"] == "moved"
     assert len(read(warehouse / "dbt" / "order_keys")) == 6
+
+    def changes_logged() -> list[tuple[int, str, str]]:
+        return sorted((r.seq, r.action, r.record_pk) for r in read(warehouse / "dbt" / "order_changes"))
+
+    def changes_in_silver() -> list[tuple[int, str, str]]:
+        events = [e for e in silver(warehouse, "sequin_events") if e.source == s.name]
+        return sorted((e.seq, e.action, e.record_pk) for e in events)
+
+    assert changes_logged() == changes_in_silver() and len(changes_logged()) == 8
 
     # Typed gold, generated into the host project from silver's table_columns.
     config = tmp_path / "ingest.yml"
@@ -112,7 +130,8 @@ def test_a_host_project_builds_silver_and_gold_from_the_package(tmp_path: Path, 
     s.execute("insert into orders values (7, 'new', 7.75, date '2026-02-01')")
     capture_once(lake, s.config())
     # The generic data tests of what it builds (the singular invariants are the dbt flow's to check).
-    selection = ("--select", "+loaded_bounds", "+typed_orders", "order_keys", "--indirect-selection", "cautious")
+    selection = ("--select", "+loaded_bounds", "+typed_orders", "order_keys", "order_changes")
+    selection += ("--indirect-selection", "cautious")
     selection += ("--exclude", "test_type:singular")
     dbt(warehouse, "build", *NO_UNIT_TESTS, *selection, project=host)
     results = run_results(warehouse)
@@ -128,6 +147,9 @@ def test_a_host_project_builds_silver_and_gold_from_the_package(tmp_path: Path, 
     assert sorted(live()) == [1, 2, 4, 6, 7]
     keys = {json.loads(r.record_pk)["id"]: r.deleted for r in read(warehouse / "dbt" / "order_keys")}
     assert keys == {1: False, 2: False, 3: True, 4: False, 5: True, 6: False, 7: False}
+    records = {r.record_pk: (r.deleted, r.commit_lsn) for r in silver(warehouse, "consumer_records")}
+    assert {r.record_pk: (r.deleted, r.commit_lsn) for r in read(warehouse / "dbt" / "order_keys")} == records
+    assert changes_logged() == changes_in_silver() and len(changes_logged()) == 11, "each event exactly once"
     merged = (
         warehouse.parent / "dbt-target" / "run" / "changelake" / "models" / "silver" / "consumer_records.sql"
     ).read_text()
