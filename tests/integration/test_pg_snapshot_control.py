@@ -240,3 +240,14 @@ def test_a_bad_predicate_is_refused_and_nothing_is_queued(tmp_path: Path, make_s
     task = request_snapshot(src, writer, table, "v in ('a', ')')")
     (progress,) = [SnapshotProgress.from_row(pos) for pos, _ in writer.positions(s.name)]
     assert progress.where == "v in ('a', ')')" and progress.snapshot_id == task.snapshot_id
+
+    # Paused, `run --once` does not wait for it, reads none of it, and leaves the safe bound past its changes.
+    p = ingest(cfg, "snapshot", "pause", task.snapshot_id)
+    assert p.returncode == 0 and f"snapshot {task.snapshot_id} of {table} paused" in p.stdout, p.stderr
+    prepare(src)
+    s.execute("insert into t values (3, 'c')")
+    lsn = s.current_wal()
+    capture_once(warehouse, src, snapshots=True)
+    assert not (warehouse / "bronze" / "snapshot_pages").exists() or page_rows(warehouse, s.name) == []
+    (progress,) = SourcePositions.read(writer, s.name).snapshots
+    assert progress.paused and (SourcePositions.read(writer, s.name).safe_bound or 0) >= lsn
