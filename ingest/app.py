@@ -7,12 +7,12 @@ import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from types import FrameType
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ingest.bronze.schemas import STREAM_POSITIONS_TABLE
+from ingest.bronze.schemas import SOURCE_RELATIONS_TABLE, STREAM_POSITIONS_TABLE
 from ingest.bronze.writer import BronzeWriter
 from ingest.capture.retry import retrying
 from ingest.config import RUN_ONCE_MAX_SECONDS, Config, MongoSource, PostgresSource, SourceConfig
@@ -277,8 +277,23 @@ def source_health(cfg: Config, src: Source, writer: BronzeWriter, now: datetime)
         alerts += slot_alerts(slot, cfg.alerts)
     rows = _positions(writer, src.name)
     alerts += writer_alerts(rows, cfg.alerts, now)
+    if isinstance(src_cfg, PostgresSource) and writer.exists(SOURCE_RELATIONS_TABLE):
+        alerts += _recorded_schema_changes(src_cfg, writer, now)
     last = writer.max_commit_time(src.name) if rows else None
     return SourceHealth(src.name, src_cfg.kind, now, error, slot, tuple(rows), last, tuple(alerts))
+
+
+def _recorded_schema_changes(src: PostgresSource, writer: BronzeWriter, now: datetime) -> list[Alert]:
+    """The `schema_changed` alerts bronze's recorded shapes hold now (held as long as a running run holds one)."""
+    from ingest.ops.watch import SCHEMA_CHANGE_HOLD_S
+    from ingest.sources.postgres.schema_changes import recorded_shape_change_alerts
+
+    def excluded(table: str) -> list[str]:
+        rules = src.columns.get(table)
+        return rules.exclude_columns if rules is not None else []
+
+    since = now - timedelta(seconds=SCHEMA_CHANGE_HOLD_S)
+    return recorded_shape_change_alerts(src.name, writer.shape_history(src.name), excluded, since)
 
 
 def status_report(cfg: Config, source: str | None) -> dict[str, Any]:

@@ -69,33 +69,40 @@ class BronzeState:
         (ADD then DROP COLUMN) must be recorded again, or its latest row keeps the phantom column
         (review W12), so the stream compares a new shape with this one, not with every hash seen.
         """
+        return {(sh.table_schema, sh.table_name): sh for sh, _ in self.shape_history(source)}
+
+    def shape_history(self, source: str) -> list[tuple[RelationShape, datetime]]:
+        """Every shape recorded for `source`'s tables and when it was written, by (first_seen_lsn, ingested_at)."""
         t = self._query(
-            "select relation_id, table_schema, table_name, replica_identity, columns, first_seen_lsn from t "
-            f"where source = {sql_str(source)} order by first_seen_lsn, ingested_at",
+            "select relation_id, table_schema, table_name, replica_identity, columns, first_seen_lsn, ingested_at "
+            f"from t where source = {sql_str(source)} order by first_seen_lsn, ingested_at",
             t=SOURCE_RELATIONS_TABLE,
         )
-        return {
-            (r["table_schema"], r["table_name"]): RelationShape(
-                r["relation_id"],
-                r["table_schema"],
-                r["table_name"],
-                r["replica_identity"],
-                tuple(
-                    ColumnShape(
-                        c["name"],
-                        c["type_oid"],
-                        c["type_name"],
-                        c["type_modifier"],
-                        c["is_key"],
-                        c["pk_position"],
-                        c["json_kind"],
-                    )
-                    for c in r["columns"]
+        return [
+            (
+                RelationShape(
+                    r["relation_id"],
+                    r["table_schema"],
+                    r["table_name"],
+                    r["replica_identity"],
+                    tuple(
+                        ColumnShape(
+                            c["name"],
+                            c["type_oid"],
+                            c["type_name"],
+                            c["type_modifier"],
+                            c["is_key"],
+                            c["pk_position"],
+                            c["json_kind"],
+                        )
+                        for c in r["columns"]
+                    ),
+                    r["first_seen_lsn"],
                 ),
-                r["first_seen_lsn"],
+                r["ingested_at"],
             )
             for r in t.to_pylist()
-        }
+        ]
 
     def completed_snapshots(self, source: str) -> dict[str, int]:
         """`schema.table` -> high watermark of its latest completed snapshot (its last page).

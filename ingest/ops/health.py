@@ -227,7 +227,10 @@ class SourceHealth:
             "last_commit_at": _iso(self.last_commit_at) if self.last_commit_at is not None else None,
             "writers": writers,
             "snapshots": snapshots,
-            "alerts": [{"kind": a.kind.value, "message": a.message, "writer_id": a.writer_id} for a in self.alerts],
+            "alerts": [
+                {"kind": a.kind.value, "message": a.message, "writer_id": a.writer_id, "table": a.table}
+                for a in self.alerts
+            ],
         }
 
 

@@ -71,3 +71,14 @@ def test_schema_changes_raise_the_metric_the_alert_and_a_log_line(tmp_path: Path
     [line] = _changes(p.stderr)
     assert (line["table"], line["kinds"]) == (table, "dropped,key_changed"), line
     assert "key_changed (id) -> (id, title)" in line["message"]
+
+    # `status --json`, another process with ingest stopped, holds the alert from bronze's recorded
+    # shapes: the table's latest change, in the running alert's words; the state stays healthy.
+    p = ingest(cfg, "status", "--json")
+    assert p.returncode == 0, p.stdout + p.stderr
+    [doc] = [d for d in json.loads(p.stdout)["sources"] if d["name"] == s.name]
+    held = [a for a in doc["alerts"] if a["kind"] == "schema_changed"]
+    assert [(a["table"], a["message"]) for a in held] == [
+        (table, f"table {table} changed shape: dropped note; key_changed (id) -> (id, title)")
+    ], doc["alerts"]
+    assert doc["state"] == "healthy", doc

@@ -17,13 +17,15 @@ and the key changed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from datetime import datetime
 
 from psycopg import sql
 
 from ingest.events import ColumnShape, RelationShape
 from ingest.masking import MASKED_JSON_KIND, check_masks_followed
-from ingest.ops.watch import SHAPE_CHANGES
+from ingest.ops.health import Alert
+from ingest.ops.watch import SHAPE_CHANGES, ShapeChange
 from ingest.sources.postgres.admin import PostgresAdmin
 from ingest.sources.postgres.pgoutput import RELATION_COLUMN_KEY_FLAG, Relation, RelationColumn
 from ingest.sources.postgres.published import SENT_COLUMN, publishes_generated
@@ -126,6 +128,36 @@ def shape_change_kinds(
         if cols:
             out[kind] = cols
     return dict(sorted(out.items()))
+
+
+def recorded_shape_change_alerts(
+    source: str,
+    history: Sequence[tuple[RelationShape, datetime]],
+    excluded: Callable[[str], Sequence[str]],
+    since: datetime,
+) -> list[Alert]:
+    """The `schema_changed` alerts of `source` as bronze recorded its shapes: `status --json`'s view.
+
+    `history`: every recorded shape with when it was written, in position order
+    (BronzeState.shape_history). A table whose latest change (a shape with kinds, against the one
+    recorded before it) was written at or after `since` holds one alert with the message the
+    running capture's alert has; a shape recorded again unchanged is no change. Read from bronze,
+    so `status --json` in another process than the run, or with ingest stopped, shows them too.
+    `excluded`: the columns a config rule excludes from a table (`schema.table`): one that left
+    the shape is not a change of the source.
+    """
+    before: dict[tuple[str, str], RelationShape] = {}
+    held: dict[str, Alert] = {}
+    for shape, written in history:
+        key = (shape.table_schema, shape.table_name)
+        previous, before[key] = before.get(key), shape
+        if previous is None or written < since:
+            continue
+        table = f"{shape.table_schema}.{shape.table_name}"
+        kinds = shape_change_kinds(previous, shape, excluded(table))
+        if kinds:
+            held[table] = ShapeChange(source, table, kinds, at=0.0).alert()
+    return [held[t] for t in sorted(held)]
 
 
 def _key(shape: RelationShape) -> list[str]:
