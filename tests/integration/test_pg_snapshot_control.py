@@ -103,7 +103,9 @@ def test_a_paused_snapshot_reads_no_page_across_a_restart_and_completes_when_res
     cfg = write_config(
         tmp_path, {"kind": "postgres", "name": s.name, "dsn": s.dsn, "tables": [table], "snapshot": options}
     )
-    src = s.config(snapshot=options)
+    # A heartbeat a second: a restarted stream's position passes WAL written after its last change
+    # (a running-xacts record, another test's writes) at its next heartbeat, 30 s by default.
+    src = s.config(snapshot=options, heartbeat_seconds=1)
     prepare(src)
     warehouse = tmp_path / "warehouse"
     paused_at: list[int] = []
