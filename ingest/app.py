@@ -293,7 +293,7 @@ def _recorded_schema_changes(src: PostgresSource, writer: BronzeWriter, now: dat
         return rules.exclude_columns if rules is not None else []
 
     since = now - timedelta(seconds=SCHEMA_CHANGE_HOLD_S)
-    return recorded_shape_change_alerts(src.name, writer.shape_history(src.name), excluded, since)
+    return recorded_shape_change_alerts(writer.shape_history(src.name), excluded, since)
 
 
 def status_report(cfg: Config, source: str | None) -> dict[str, Any]:

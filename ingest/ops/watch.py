@@ -50,8 +50,13 @@ class ShapeChange:
 
     def alert(self) -> Alert:
         """The `schema_changed` alert this change holds."""
-        what = "; ".join(f"{k} {', '.join(cols)}" for k, cols in self.kinds.items())
-        return Alert(AlertKind.SCHEMA_CHANGED, f"table {self.table} changed shape: {what}", table=self.table)
+        return shape_change_alert(self.table, self.kinds)
+
+
+def shape_change_alert(table: str, kinds: Mapping[str, Sequence[str]]) -> Alert:
+    """The `schema_changed` alert of a change of `table`'s shape: its kinds with their columns."""
+    what = "; ".join(f"{k} {', '.join(cols)}" for k, cols in kinds.items())
+    return Alert(AlertKind.SCHEMA_CHANGED, f"table {table} changed shape: {what}", table=table)
 
 
 class ShapeChanges:

@@ -113,6 +113,32 @@ previous_columns as (
 
 ),
 
+-- Each column both shapes have (under the same name or renamed), with its type before.
+kept_columns as (
+
+    select
+        new_columns.source,
+        new_columns.table_schema,
+        new_columns.table_name,
+        new_columns.shape_hash,
+        new_columns.first_seen_lsn,
+        new_columns.ingested_at,
+        new_columns.column_name,
+        new_columns.previous_name,
+        new_columns.type_name,
+        previous_columns.type_name as previous_type
+    from new_columns
+    inner join previous_columns
+        on
+            new_columns.source = previous_columns.source
+            and new_columns.table_schema = previous_columns.table_schema
+            and new_columns.table_name = previous_columns.table_name
+            and new_columns.first_seen_lsn = previous_columns.first_seen_lsn
+            and new_columns.ingested_at = previous_columns.ingested_at
+            and new_columns.previous_name = previous_columns.column_name
+
+),
+
 column_changes as (
 
     select
@@ -131,51 +157,35 @@ column_changes as (
     where previous_name is null
     union all
     select
-        new_columns.source,
-        new_columns.table_schema,
-        new_columns.table_name,
-        new_columns.shape_hash,
-        new_columns.first_seen_lsn,
-        new_columns.ingested_at,
+        source,
+        table_schema,
+        table_name,
+        shape_hash,
+        first_seen_lsn,
+        ingested_at,
         'renamed' as change_kind,
-        new_columns.column_name,
-        new_columns.previous_name as previous_column_name,
-        previous_columns.type_name as previous_definition,
-        new_columns.type_name as new_definition
-    from new_columns
-    inner join previous_columns
-        on
-            new_columns.source = previous_columns.source
-            and new_columns.table_schema = previous_columns.table_schema
-            and new_columns.table_name = previous_columns.table_name
-            and new_columns.first_seen_lsn = previous_columns.first_seen_lsn
-            and new_columns.ingested_at = previous_columns.ingested_at
-            and new_columns.previous_name = previous_columns.column_name
-    where new_columns.previous_name != new_columns.column_name
+        column_name,
+        previous_name as previous_column_name,
+        previous_type as previous_definition,
+        type_name as new_definition
+    from kept_columns
+    where previous_name != column_name
     union all
     -- Retyped: the type or its modifier changed (format_type shows both), through a rename too.
     select
-        new_columns.source,
-        new_columns.table_schema,
-        new_columns.table_name,
-        new_columns.shape_hash,
-        new_columns.first_seen_lsn,
-        new_columns.ingested_at,
+        source,
+        table_schema,
+        table_name,
+        shape_hash,
+        first_seen_lsn,
+        ingested_at,
         'retyped' as change_kind,
-        new_columns.column_name,
-        new_columns.previous_name as previous_column_name,
-        previous_columns.type_name as previous_definition,
-        new_columns.type_name as new_definition
-    from new_columns
-    inner join previous_columns
-        on
-            new_columns.source = previous_columns.source
-            and new_columns.table_schema = previous_columns.table_schema
-            and new_columns.table_name = previous_columns.table_name
-            and new_columns.first_seen_lsn = previous_columns.first_seen_lsn
-            and new_columns.ingested_at = previous_columns.ingested_at
-            and new_columns.previous_name = previous_columns.column_name
-    where new_columns.type_name != previous_columns.type_name
+        column_name,
+        previous_name as previous_column_name,
+        previous_type as previous_definition,
+        type_name as new_definition
+    from kept_columns
+    where type_name != previous_type
     union all
     select
         previous_columns.source,

@@ -25,7 +25,7 @@ from psycopg import sql
 from ingest.events import ColumnShape, RelationShape
 from ingest.masking import MASKED_JSON_KIND, check_masks_followed
 from ingest.ops.health import Alert
-from ingest.ops.watch import SHAPE_CHANGES, ShapeChange
+from ingest.ops.watch import SHAPE_CHANGES, shape_change_alert
 from ingest.sources.postgres.admin import PostgresAdmin
 from ingest.sources.postgres.pgoutput import RELATION_COLUMN_KEY_FLAG, Relation, RelationColumn
 from ingest.sources.postgres.published import SENT_COLUMN, publishes_generated
@@ -131,14 +131,13 @@ def shape_change_kinds(
 
 
 def recorded_shape_change_alerts(
-    source: str,
     history: Sequence[tuple[RelationShape, datetime]],
     excluded: Callable[[str], Sequence[str]],
     since: datetime,
 ) -> list[Alert]:
-    """The `schema_changed` alerts of `source` as bronze recorded its shapes: `status --json`'s view.
+    """The `schema_changed` alerts of one source as bronze recorded its shapes: `status --json`'s view.
 
-    `history`: every recorded shape with when it was written, in position order
+    `history`: every recorded shape of the source's tables with when it was written, in position order
     (BronzeState.shape_history). A table whose latest change (a shape with kinds, against the one
     recorded before it) was written at or after `since` holds one alert with the message the
     running capture's alert has; a shape recorded again unchanged is no change. Read from bronze,
@@ -156,7 +155,7 @@ def recorded_shape_change_alerts(
         table = f"{shape.table_schema}.{shape.table_name}"
         kinds = shape_change_kinds(previous, shape, excluded(table))
         if kinds:
-            held[table] = ShapeChange(source, table, kinds, at=0.0).alert()
+            held[table] = shape_change_alert(table, kinds)
     return [held[t] for t in sorted(held)]
 
 
