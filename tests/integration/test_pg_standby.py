@@ -20,9 +20,14 @@ from typing import Any
 import psycopg
 import pytest
 
-from ingest.config import PostgresSource
+from ingest.bronze.writer import BronzeWriter
+from ingest.capture.retry import retrying
+from ingest.config import BatchConfig, PostgresSource
 from ingest.errors import SourceError
+from ingest.events import lsn_to_int
+from ingest.progress import Progress
 from ingest.sources.postgres.admin import HEARTBEAT_PREFIX
+from ingest.sources.postgres.capture import PostgresCapture
 from ingest.sources.postgres.verify import VerifySnapshot
 from tests.helpers.bronze_fold import live_records, table_rows
 from tests.helpers.capture_thread import ContinuousCapture
@@ -34,7 +39,9 @@ pytestmark = pytest.mark.integration
 STANDBY_MAJOR = 16  # the first that decodes on a standby
 FAILOVER_MAJOR = 17  # the first with failover slots
 PRIMARY_PORT, STANDBY_PORT, LONE_PORT = 54393, 54394, 54395
+PROMOTED_PRIMARY_PORT, PROMOTED_STANDBY_PORT = 54396, 54397
 STANDBY_SLOT = "changelake_standby_capture"
+PROBE_SLOT = "changelake_probe"
 ROWS = 60
 TABLES_SQL = "create table acct (id int primary key, owner text)"
 
@@ -266,3 +273,88 @@ def test_a_failover_slot_without_synchronized_standby_slots_is_warned_about(
         assert not any("synchronized_standby_slots" in r.getMessage() for r in caplog.records)
     finally:
         lone.remove()
+
+
+def test_a_standby_promoted_mid_run_gets_the_primary_side_work_and_the_old_primary_none(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A standby promoted while `run` streams from it: the run goes on there, nothing to the old primary.
+
+    Ingest kept writing heartbeats (and would have written watermarks and drain markers) through
+    primary_dsn after the promotion: into the old primary, which here is still up and diverges,
+    while the promoted server's slot never sees them. A logical slot made on the old primary after
+    the promotion must decode none of ingest's messages; the promoted server's changes reach
+    bronze once each, and its heartbeats too. The run is wrapped in the retry loop as `run` is.
+    """
+    _need(STANDBY_MAJOR)
+    primary = ScratchCluster(PROMOTED_PRIMARY_PORT, major=STANDBY_MAJOR)
+    standby: ScratchCluster | None = None
+    s: PgSource | None = None
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    try:
+        standby = ScratchCluster.standby_of(primary, PROMOTED_STANDBY_PORT, STANDBY_SLOT)
+        s = PgSource(primary.dsn, TABLES_SQL, ["acct"])
+        src = s.config().model_copy(update={"dsn": standby.dsn, "primary_dsn": primary.dsn, "heartbeat_seconds": 1})
+        prepare(src)
+        s.execute("insert into acct select i, 'o' || i from generate_series(1, 20) i")
+        writer = BronzeWriter(tmp_path)
+
+        def attempt() -> None:
+            batch = BatchConfig(max_events=10_000, max_seconds=0.2)
+            cap = PostgresCapture(src, batch, writer, Progress(src.name, False))
+            cap.run(once=False, should_stop=stop.is_set)
+
+        def run() -> None:
+            try:
+                retrying(attempt, src.name, stop.is_set, 60, 1.0)
+            except BaseException as e:  # surfaced by wait below
+                errors.append(e)
+
+        def wait(check: Any, what: str) -> None:
+            deadline = time.monotonic() + 30
+            while not check():
+                assert not errors, f"the run failed waiting for {what}: {errors[0]!r}"
+                assert time.monotonic() < deadline, f"{what} not reached within 30 s"
+                time.sleep(0.3)
+
+        table = f"{s.schema}.acct"
+        runner = threading.Thread(target=run, daemon=True)
+        with caplog.at_level(logging.WARNING, logger="ingest.capture.retry"):
+            runner.start()
+            wait(lambda: live_records(tmp_path, src.name).get(table) == table_rows(s.conn, table), "the first rows")
+            standby.promote()
+            with psycopg.connect(standby.dsn, autocommit=True) as promoted:
+                row = promoted.execute("select pg_current_wal_insert_lsn()::text").fetchone()
+                assert row is not None
+                promoted_at = lsn_to_int(str(row[0]))
+                time.sleep(0.5)  # a heartbeat checked for recovery just before the promotion has landed
+                s.execute("select pg_create_logical_replication_slot(%s, 'pgoutput')", (PROBE_SLOT,))
+                s.execute("insert into acct values (500, 'old primary only')")  # the old primary diverges
+                promoted.execute(f"insert into {table} select i, 'p' || i from generate_series(21, 40) i")
+                promoted.execute(f"update {table} set owner = 'changed' where id <= 5")
+                promoted.execute(f"delete from {table} where id = 6")
+                wait(lambda: live_records(tmp_path, src.name).get(table) == table_rows(promoted, table), "the rows")
+                heartbeats_after = lambda: any(  # noqa: E731
+                    e.message_prefix == HEARTBEAT_PREFIX and e.commit_lsn > promoted_at
+                    for e in bronze_events(tmp_path, src.name, with_messages=True)
+                )
+                wait(heartbeats_after, "a heartbeat written on the promoted server")
+                time.sleep(1.5)  # more heartbeats, had they gone to the old primary
+        assert any("was promoted" in r.getMessage() for r in caplog.records)
+        decoded = s.conn.execute(
+            "select data from pg_logical_slot_peek_binary_changes(%s, null, null, 'proto_version', '1', "
+            "'publication_names', %s, 'messages', 'true')",
+            (PROBE_SLOT, src.publication_name),
+        ).fetchall()
+        assert decoded, "the probe slot decoded nothing: it cannot tell"
+        assert not [d for (d,) in decoded if b"changelake." in bytes(d)], "ingest wrote to the old primary"
+        inserts = [e.record_pk for e in bronze_events(tmp_path, src.name) if e.action == "insert"]
+        assert len(inserts) == len(set(inserts)) == 40
+    finally:
+        stop.set()
+        if s is not None:
+            s.drop()
+        if standby is not None:
+            standby.remove()
+        primary.remove()

@@ -33,6 +33,7 @@ from ingest.sources.postgres.scope import adopt_scope, publication_members, publ
 from ingest.sources.postgres.standby import (
     WAL_POSITION_SQL,
     check_standby,
+    ensure_still_standby,
     primary_dsn,
     server_role,
     standby_snapshots_logged,
@@ -133,9 +134,14 @@ class PostgresAdmin:
             time.sleep(0.05)
 
     def writer(self) -> psycopg.Connection[tuple[object, ...]]:
-        """The connection ingest's logical messages are written through: the primary's for a standby."""
+        """The connection ingest's logical messages are written through: the primary's for a standby.
+
+        StandbyPromotedError (transient: the capture restarts on the promoted server) once the
+        standby has left recovery: nothing more goes to the old primary.
+        """
         if not self.standby:
             return self.conn
+        ensure_still_standby(self.conn, self.src)
         if self._primary is None:
             self._primary = connect(self.src, primary=True)
         return self._primary
@@ -176,6 +182,13 @@ class PostgresAdmin:
             )
         if self.standby:
             check_standby(self.src, server_role(self.conn), server_role(self.writer()))
+        elif self.src.primary_dsn is not None:
+            log.warning(
+                "source=%s primary_dsn is set but %s is a primary (promoted?): everything is written there and "
+                "primary_dsn is unused; remove it",
+                self.src.name,
+                safe_dsn(self.src.dsn),
+            )
 
     def _check_identity(self, qualified: str, replident: str, has_pk: bool, pk_deferrable: bool = False) -> None:
         """A table's replica identity must key its changes, before the publication is touched.

@@ -18,13 +18,15 @@ from ingest.capture.retry import transient_libpq_message, transient_sqlstate
 from ingest.config import PostgresSource
 from ingest.errors import SourceError, SourceUnavailableError
 from ingest.events import SnapshotRow, lsn_to_int
+from ingest.positions import KeyValues
 from ingest.sources.postgres import copy_text
 from ingest.sources.postgres.admin import connect
 from ingest.sources.postgres.catalog import TableShape
 from ingest.sources.postgres.filters import filter_sql
 from ingest.sources.postgres.replication import connect_value_session
+from ingest.sources.postgres.rereads import key_values
 from ingest.sources.postgres.rows import encode_key, encode_record, json_keys
-from ingest.sources.postgres.standby import read_standby_snapshot
+from ingest.sources.postgres.standby import IN_RECOVERY_SQL, promoted_error, read_standby_snapshot
 from ingest.sources.postgres.values import Encoder, TypeCatalog, non_utf8_tolerant
 
 if TYPE_CHECKING:
@@ -41,6 +43,8 @@ FETCH_GROWTH = 8  # a fetch asks for at most this many times the rows read so fa
 COPY_CHUNK_ROWS = 5_000
 COPY_CHUNK_BYTES = 8 * 1024 * 1024
 SPLIT_SAMPLE_ROWS = 2_000  # keys sampled to cut a large table into ranges
+UNCUT = 1 << 62  # the row and byte limits of a page that is never cut
+BOOL_TEXT = {"true": "t", "false": "f"}  # a boolean key's JSON value -> its output text
 MAX_TID_OFFSET = 65535  # `(b,65535)` is after every row of block b: a CTID cursor past a whole block
 FILTER_CHECK_TIMEOUT_MS = 2_000  # how long a filter's check runs it on the table's rows
 QUERY_CANCELED = b"57014"  # the check's statement_timeout ended it
@@ -58,6 +62,32 @@ def cursor_block(tid: str) -> int:
     """The first block that may hold rows after the TID `(block,offset)` (the next one after a whole block)."""
     block, offset = (int(x) for x in tid.strip("()").split(",", 1))
     return block + 1 if offset >= MAX_TID_OFFSET else block
+
+
+def keyless_keys_sql(
+    shape: TableShape, keys: Sequence[KeyValues], bind: Callable[[str], sql.Composable]
+) -> sql.Composable:
+    """The condition that selects a keyless table's rows by their record keys (every column).
+
+    A column is compared by its output text (`format('%s', c)`, the text the stream and the pages
+    encode under the same session settings) with the key's text: exact for every type, even one
+    without an equality operator (json, point) or whose equality is looser than its text (numeric
+    1.50 = 1.5, char padding). A NULL column is `is null`; a boolean's JSON true/false is its
+    output 't'/'f'. An array's JSON does not give back its literal: that column is not compared,
+    and the caller keeps the rows whose encoded key is one asked for. `bind` binds one text value.
+    """
+    alternatives = []
+    for key in keys:
+        parts: list[sql.Composable] = []
+        for value, i, type_name in zip(key, shape.key_positions, shape.key_types, strict=True):
+            column = sql.Identifier(shape.columns[i])
+            if value is None:
+                parts.append(sql.SQL("{} is null").format(column))
+            elif not type_name.endswith("[]"):
+                text = BOOL_TEXT.get(value, value) if type_name == "boolean" else value
+                parts.append(sql.SQL("format('%s', {}) = {}").format(column, bind(text)))
+        alternatives.append(sql.SQL("({})").format(sql.SQL(" and ").join(parts) if parts else sql.SQL("true")))
+    return sql.SQL("({})").format(sql.SQL(" or ").join(alternatives))
 
 
 def page_encoders(types: TypeCatalog, shape: TableShape, mask: TableMask | None, non_utf8: str) -> list[Encoder]:
@@ -97,7 +127,7 @@ class PageReader:
         self.hook = hook
         self.conn = connect_value_session(src.name, src.dsn, "snapshot connection")
         # On a standby the pages are read there and their watermarks committed on the primary.
-        self.standby = self._exec(b"select pg_is_in_recovery()").get_value(0, 0) == b"t"
+        self.standby = self._exec(IN_RECOVERY_SQL).get_value(0, 0) == b"t"
         self.primary = connect(src, primary=True) if self.standby else None
 
     def close(self) -> None:
@@ -151,6 +181,11 @@ class PageReader:
         and the table's record width known from an earlier page, the rows come by COPY and are
         encoded by the compiled encoder (Python takes a buffer it refuses): same rows, same bytes.
         """
+        keyless_keys = task.keys is not None and shape.keyless
+        if keyless_keys:
+            # One page holds every row of the keys asked for: a keyless key has no order to resume
+            # a cut page after (a json column has no ordering operator, a NULL no place in one).
+            limit = max_bytes = UNCUT
         copy = compiled is not None and task.record_chars is not None
         rows_limit = limit
         if copy and task.record_chars:
@@ -160,7 +195,7 @@ class PageReader:
         keys = sql.SQL(", ").join(sql.Identifier(shape.columns[i]) for i in shape.key_positions)
         params: list[bytes | None] = []
 
-        def bound(values: Sequence[str]) -> sql.Composable:
+        def bound(values: Sequence[str | None]) -> sql.Composable:
             # COPY takes no parameters: its key values are quoted literals. Otherwise libpq's own $n
             # markers, numbered as values are bound: psycopg's %s rendered and then replaced
             # textually also replaced a "%s" inside a quoted table or column name.
@@ -169,12 +204,20 @@ class PageReader:
                 if copy:
                     marks.append(sql.Literal(value) + sql.SQL("::") + sql.SQL(type_name))
                     continue
-                params.append(value.encode())
+                params.append(None if value is None else value.encode())
                 marks.append(sql.SQL(f"${len(params)}::") + sql.SQL(type_name))
             return sql.SQL(", ").join(marks)
 
+        def text_bound(value: str) -> sql.Composable:
+            if copy:
+                return sql.Literal(value)
+            params.append(value.encode())
+            return sql.SQL(f"${len(params)}::text")
+
         conds: list[sql.Composable] = []
-        if task.keys is not None:  # a re-read of listed keys (DESIGN §6: unchanged TOAST with no image)
+        if task.keys is not None and keyless_keys:
+            conds.append(keyless_keys_sql(shape, task.keys, text_bound))
+        elif task.keys is not None:  # a re-read of listed keys (DESIGN §6: unchanged TOAST with no image)
             tuples = sql.SQL(", ").join(sql.SQL("({})").format(bound(key)) for key in task.keys)
             conds.append(sql.SQL("({}) in ({})").format(keys, tuples))
         if task.after is not None:
@@ -189,7 +232,7 @@ class PageReader:
             conds.append(sql.SQL("({}) <= ({})").format(keys, bound(task.until)))
         where: sql.Composable = sql.SQL(" where ") + sql.SQL(" and ").join(conds) if conds else sql.SQL("")
         query = sql.SQL("select {} from {}{} order by {} limit {}").format(
-            cols, shape.scan, where, keys, sql.Literal(limit)
+            cols, shape.scan, where, sql.SQL("ctid") if keyless_keys else keys, sql.Literal(limit)
         )
         text = query.as_string(None)
         xmin, xmax, xip, read_at_us = self._begin(task, page)
@@ -199,6 +242,10 @@ class PageReader:
             cut = cut or (limit < rows_limit and len(rows) == limit)
         else:
             rows, cut = self._fetch(text.encode(), params, shape, encoders, limit, max_bytes)
+        if task.keys is not None and keyless_keys:
+            # A key with an array matched its other columns only: keep the rows keyed exactly as asked.
+            wanted = set(task.keys)
+            rows = [r for r in rows if key_values(r.record_pk) in wanted]
         if rows:
             task.record_chars = sum(len(r.record) for r in rows) / len(rows)
         self._check_types(shape)
@@ -486,6 +533,7 @@ class PageReader:
         """Commit the page's high watermark (a transactional logical message); returns its LSN."""
         content = f"{task.table}:{task.snapshot_id}:{page}".encode()
         if self.primary is not None:
+            self._ensure_still_standby()
             # Committed after the page's snapshot was taken on the standby, so after every commit it
             # saw: the standby had replayed those from this same WAL (docs/postgres.md).
             row = self.primary.execute(
@@ -501,7 +549,13 @@ class PageReader:
         The primary's for a standby source: its watermarks are written there.
         """
         if self.primary is not None:
+            self._ensure_still_standby()
             row = self.primary.execute("select pg_current_wal_insert_lsn()::text").fetchone()
             return lsn_to_int(str(row[0]) if row else "")
         res = self._exec(b"select pg_current_wal_insert_lsn()::text")
         return lsn_to_int((res.get_value(0, 0) or b"").decode())
+
+    def _ensure_still_standby(self) -> None:
+        """StandbyPromotedError once the standby has left recovery: no watermark goes to the old primary."""
+        if self._exec(IN_RECOVERY_SQL).get_value(0, 0) != b"t":
+            raise promoted_error(self.src)

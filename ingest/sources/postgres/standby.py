@@ -47,6 +47,7 @@ STANDBY_SNAPSHOT_SQL = (
     b"from pg_current_snapshot() s"
 )
 REPLAYED_SQL = b"select pg_last_wal_replay_lsn()::text"
+IN_RECOVERY_SQL = b"select pg_is_in_recovery()"
 RECEIVED_SQL = b"select pg_last_wal_receive_lsn()::text"
 
 
@@ -99,6 +100,36 @@ def check_standby(src: PostgresSource, standby: StandbyRole, primary: StandbyRol
             f"source {src.name!r}: primary_dsn {safe_dsn(src.primary_dsn or '')} is not the primary of "
             f"{safe_dsn(src.dsn)} (system identifiers {primary.system_identifier} and {standby.system_identifier})"
         )
+
+
+class StandbyPromotedError(SourceUnavailableError):
+    """The standby a source captures from was promoted: its primary-side work now belongs to it.
+
+    Transient on purpose: the retry restarts the capture from bronze's durable position, and the
+    restarted capture finds `dsn` a primary and writes everything there (`primary_dsn` unused).
+    """
+
+
+def promoted_error(src: PostgresSource) -> StandbyPromotedError:
+    """The error for a standby source whose server has left recovery (pg_is_in_recovery() false)."""
+    return StandbyPromotedError(
+        f"source {src.name!r}: the standby {safe_dsn(src.dsn)} was promoted (pg_is_in_recovery() is false): ingest "
+        f"writes nothing more to primary_dsn {safe_dsn(src.primary_dsn or '')} and restarts its capture on the "
+        "promoted server, its own primary from now on; remove `primary_dsn` from the source, and fence the old "
+        "primary if it is still up (docs/postgres.md, Capture from a standby)"
+    )
+
+
+def ensure_still_standby(conn: psycopg.Connection[tuple[object, ...]], src: PostgresSource) -> None:
+    """StandbyPromotedError when the server behind `conn` (the source's standby) has left recovery.
+
+    Asked before each write through `primary_dsn`: a message written to the old primary after a
+    promotion never reaches the promoted server's slot (a page would wait for its watermark, the
+    drain for its marker), and an old primary still up would diverge with ingest's writes in it.
+    """
+    row = conn.execute(IN_RECOVERY_SQL).fetchone()
+    if row is None or row[0] is not True:
+        raise promoted_error(src)
 
 
 @contextmanager
