@@ -39,6 +39,10 @@ def safe_bound(rows: Iterable[WriterPosition]) -> int | None:
     return min((p.durable_lsn for p in rows), default=None)
 
 
+# A record key's column values as text, in key order; None is a NULL column (a keyless table's).
+KeyValues = tuple[str | None, ...]
+
+
 @dataclass(frozen=True, slots=True)
 class SnapshotProgress:
     """A snapshot writer's progress record: which table, how far, and how it pages.
@@ -56,7 +60,7 @@ class SnapshotProgress:
     rows_per_s: float | None = None
     until: tuple[str, ...] | None = None
     bounded: bool = False
-    keys: tuple[tuple[str, ...], ...] | None = None
+    keys: tuple[KeyValues, ...] | None = None
     start: tuple[str, ...] | None = None  # a key range's lower bound (exclusive): a large table split
     relfilenode: int | None = None  # set: a keyless table paged by CTID, in this file of the table
     paused: bool = False  # `snapshot pause`: no page is read until `snapshot resume`
@@ -106,7 +110,7 @@ class SnapshotProgress:
                 rows_per_s=float(d["rows_per_s"]) if d.get("rows_per_s") is not None else None,
                 until=tuple(str(k) for k in until) if until is not None else None,
                 bounded="until" in d,
-                keys=tuple(tuple(str(v) for v in k) for k in keys) if keys is not None else None,
+                keys=tuple(tuple(None if v is None else str(v) for v in k) for k in keys) if keys is not None else None,
                 start=tuple(str(k) for k in d["start"]) if d.get("start") is not None else None,
                 relfilenode=int(d["relfilenode"]) if d.get("relfilenode") is not None else None,
                 paused=bool(d.get("paused")),

@@ -15,8 +15,23 @@ import logging
 from ingest.bronze.writer import BronzeWriter
 from ingest.config import PostgresSource
 from ingest.errors import BronzeWriteError
+from ingest.positions import KeyValues
 
 log = logging.getLogger(__name__)
+
+
+def key_values(record_pk: str) -> KeyValues:
+    """A `record_pk`'s column values as text, in key order; a JSON null (a NULL column) is None.
+
+    Numbers keep their text as written (a float or a long numeric is not rounded through a
+    Python float); a nested value (an array) is its compact JSON. The one reading of a key both
+    a re-read's request and its check of the rows read use, so they agree byte for byte.
+    """
+    values = json.loads(record_pk, parse_float=str, parse_int=str).values()
+    return tuple(
+        v if v is None or isinstance(v, str) else json.dumps(v, separators=(",", ":"), ensure_ascii=False)
+        for v in values
+    )
 
 
 class RereadKeys:
@@ -30,7 +45,7 @@ class RereadKeys:
         self._seen: set[tuple[object, ...]] = set()
         self._said_missing = False
 
-    def keys_to_reread(self) -> dict[str, list[tuple[str, ...]]]:
+    def keys_to_reread(self) -> dict[str, list[KeyValues]]:
         """New keys (as key text, in key order) per configured table; none if dbt has not built silver yet."""
         if not self.writer.tables.exists(self.path):
             if self.src.snapshot.reread_from:
@@ -67,13 +82,12 @@ class RereadKeys:
                 e,
             )
             return {}
-        by_table: dict[str, list[tuple[str, ...]]] = {}
+        by_table: dict[str, list[KeyValues]] = {}
         for r in rows:
             seen = (r["table_schema"], r["table_name"], r["record_pk"], r["commit_lsn"], r["commit_index"])
             table = f"{r['table_schema']}.{r['table_name']}"
             if seen in self._seen or table not in self.src.tables:
                 continue
             self._seen.add(seen)
-            values = json.loads(r["record_pk"]).values()
-            by_table.setdefault(table, []).append(tuple(v if isinstance(v, str) else json.dumps(v) for v in values))
+            by_table.setdefault(table, []).append(key_values(r["record_pk"]))
         return by_table

@@ -33,7 +33,13 @@ from ingest.bronze.writer import BronzeWriter
 from ingest.config import PostgresSource
 from ingest.errors import SourceError, SourceUnavailableError
 from ingest.events import SnapshotPage, SourceKind, WriterKind, WriterPosition
-from ingest.positions import FILTERED_SNAPSHOT_PREFIX, SnapshotProgress, SourcePositions, snapshot_writer_id
+from ingest.positions import (
+    FILTERED_SNAPSHOT_PREFIX,
+    KeyValues,
+    SnapshotProgress,
+    SourcePositions,
+    snapshot_writer_id,
+)
 from ingest.progress import Progress
 from ingest.sources.postgres import native
 from ingest.sources.postgres.admin import PostgresAdmin
@@ -73,7 +79,7 @@ class SnapshotTask:
     after: tuple[str, ...] | None = None
     until: tuple[str, ...] | None = None  # the largest key when the snapshot started: its last row
     bounded: bool = False  # `until` is known (None with bounded = the table was empty)
-    keys: tuple[tuple[str, ...], ...] | None = None  # a re-read of these keys only (one page)
+    keys: tuple[KeyValues, ...] | None = None  # a re-read of these keys only (one page)
     record_chars: float | None = None  # the last page's mean record JSON length (sizes COPY pages)
     start: tuple[str, ...] | None = None  # a key range's lower bound (exclusive): a part of a split table
     claimed: bool = False  # a thread of this process runs (or ran) it: it may have a page not yet durable
@@ -187,7 +193,7 @@ class Snapshotter:
         self,
         tables: Sequence[str],
         current_lsn: Callable[[], int],
-        keys: Sequence[tuple[tuple[str, ...], ...] | None] | None = None,
+        keys: Sequence[tuple[KeyValues, ...] | None] | None = None,
         where: str | None = None,
     ) -> list[SnapshotTask]:
         """Register one snapshot writer per table (one Delta commit); they run in request order.
