@@ -18,6 +18,7 @@ from ingest.errors import (
     SourceUnavailableError,
 )
 from ingest.ops import logs
+from ingest.ops.native_stderr import route_native_stderr
 
 DEFAULT_CONFIG_ENV = "CHANGELAKE_CONFIG"
 DEFAULT_CONFIG = "changelake.yml"
@@ -174,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     # on stderr itself, with a Rust backtrace when RUST_BACKTRACE asks for one; the error that
     # follows is ours, one line and an exit code, so the backtrace is only noise.
     os.environ["RUST_BACKTRACE"] = "0"
+    if argv is None:  # the process's own command line: its fd 2 is ours to route (not a test calling main)
+        route_native_stderr()
     level = logging.INFO if args.verbose else logging.WARNING
     logs.configure(level, args.log_format or "text")
     from ingest import app
