@@ -79,6 +79,10 @@ class ColumnShape:
     is_key: bool
     pk_position: int | None
     json_kind: str
+    # pg_attribute.attnum: the column's identity across renames (a dropped column's number is never
+    # reused). None in shapes recorded before it was, and where the catalog no longer matched the
+    # shape when it was met (schema_changes.with_attnums).
+    attnum: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +105,8 @@ class RelationShape:
         # type_name too: a table recorded before W8 (type_name without its modifier) is recorded
         # again, as the catalog names it now, by the next start (its rows are the same: no re-snapshot).
         parts += [f"{c.name}:{c.type_oid}:{c.type_modifier}:{c.pk_position}:{c.type_name}" for c in self.columns]
+        # attnums only where known: a shape recorded without them keeps its hash.
+        parts += [f"attnum:{c.name}:{c.attnum}" for c in self.columns if c.attnum is not None]
         # A masked column (masking.py) is another shape; the hashes of every other shape stay as they were.
         parts += [f"masked:{c.name}" for c in self.columns if c.json_kind == "masked"]
         return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:16]

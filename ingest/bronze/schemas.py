@@ -106,6 +106,7 @@ COLUMN_STRUCT = pa.struct(
         ("is_key", pa.bool_()),
         ("pk_position", pa.int32()),
         ("json_kind", pa.string()),
+        ("attnum", pa.int32()),  # null in rows written before it was recorded (docs/bronze.md)
     ]
 )
 

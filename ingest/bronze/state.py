@@ -94,6 +94,7 @@ class BronzeState:
                             c["is_key"],
                             c["pk_position"],
                             c["json_kind"],
+                            c.get("attnum"),  # absent in a table written before it was recorded
                         )
                         for c in r["columns"]
                     ),

@@ -206,6 +206,7 @@ class BronzeWriter(BronzeState):
                         "is_key": c.is_key,
                         "pk_position": c.pk_position,
                         "json_kind": c.json_kind,
+                        "attnum": c.attnum,
                     }
                     for c in s.columns
                 ],

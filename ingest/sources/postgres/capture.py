@@ -32,7 +32,7 @@ from ingest.sources.postgres.history import advance_slot, first_difference, rede
 from ingest.sources.postgres.pages import Hook
 from ingest.sources.postgres.published import publish_again
 from ingest.sources.postgres.replication import Keepalive, ReplicationStream, XLogData, application_name
-from ingest.sources.postgres.schema_changes import relation_now, report_shape_change, resnapshot_reason
+from ingest.sources.postgres.schema_changes import relation_now, report_shape_change, resnapshot_reason, with_attnums
 from ingest.sources.postgres.scope import ScopeWatch
 from ingest.sources.postgres.snapshot import Snapshotter, cannot_snapshot
 
@@ -309,7 +309,7 @@ class PostgresCapture:
             if msg is None:
                 continue  # gone: refused at start (a run meets it at its next start)
             builder.feed(msg)
-            now = replace(builder.new_shapes.pop(), first_seen_lsn=at)
+            now = with_attnums(admin, replace(builder.new_shapes.pop(), first_seen_lsn=at))
             if before is None or now.shape_hash != before.shape_hash or now.relation_id != before.relation_id:
                 if before is not None:
                     self._resnapshot_if_rows_changed(admin, before, now)
@@ -460,6 +460,7 @@ class PostgresCapture:
                     # Older than the latest recorded shape (the start's, from the catalog, or a replay):
                     # history, not a change, and recorded already or superseded.
                     continue
+                sh = with_attnums(admin, sh)
                 if before is None or before.shape_hash != sh.shape_hash or before.relation_id != sh.relation_id:
                     if before is not None:
                         self._resnapshot_if_rows_changed(admin, before, sh)

@@ -272,9 +272,11 @@ class ChangeBuilder:
             for c in columns
         )
         shape = RelationShape(msg.relation_id, msg.namespace, msg.name, msg.replica_identity, cols, self._commit_lsn)
-        old = self._rels.get(msg.relation_id)
-        if old is None or old.shape.shape_hash != shape.shape_hash:
-            self.new_shapes.append(shape)
+        # Every Relation message, even one whose names and types are those of the cached relation:
+        # `drop a; rename b to a; add b` looks the same by name, and only the capture (with the
+        # catalog's attnums, schema_changes.with_attnums) tells it apart. The server sends one after
+        # a change of the table and at a stream's start, so this costs a lookup per table per run.
+        self.new_shapes.append(shape)
         keys_json = json_keys(names)
         encoders = tuple(self.catalog.encoder(c.type_oid) for c in columns)
         if mask is not None and masked:

@@ -18,6 +18,7 @@ and the key changed.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import datetime
 
 from psycopg import sql
@@ -52,8 +53,6 @@ def resnapshot_reason(admin: PostgresAdmin, before: RelationShape, after: Relati
         bool(row and row[0]),
         admin.src.name,
     )
-    old = {c.name: (c.type_oid, c.type_modifier) for c in before.columns}
-    new = {c.name: (c.type_oid, c.type_modifier) for c in after.columns}
     reasons = []
     excluded, masked = _newly_ruled(admin, before, after)
     if excluded or masked:
@@ -62,13 +61,15 @@ def resnapshot_reason(admin: PostgresAdmin, before: RelationShape, after: Relati
             f"{' or masked' if excluded and masked else ''}: the snapshot rewrites every record with the rule applied; "
             "bronze and silver history from before holds the values as they were (docs/masking.md: purging it)"
         )
-    dropped = [n for n in old if n not in new and n not in excluded]
+    prior = _prior_columns(before, after)
+    # A name whose values are no longer its column's: dropped, renamed away, or taken by another column.
+    dropped = [c.name for c in before.columns if prior.get(c.name) is not c and c.name not in excluded]
     if dropped:
         reasons.append(f"column {', '.join(dropped)} dropped or renamed")
-    retyped = [n for n, t in new.items() if n in old and old[n] != t]
+    retyped = [c.name for c in after.columns if c.name in prior and _type(prior[c.name]) != _type(c)]
     if retyped:
         reasons.append(f"column {', '.join(retyped)} changed type")
-    added = [n for n in new if n not in old]
+    added = [c.name for c in after.columns if c.name not in prior]
     if added:
         with admin.conn.cursor() as cur:
             cur.execute(
@@ -94,28 +95,20 @@ def shape_change_kinds(
 ) -> dict[str, list[str]]:
     """What a user sees changed from `before` to `after` of one table: kind -> its columns (empty: nothing).
 
-    A renamed column keeps its place (attnum order), so when both shapes have as many columns, a
-    name gone and a new name at the same place are one column renamed (`old -> new`); otherwise
-    names gone are dropped and new names added. `excluded`: columns that left the shape because a
-    rule began to exclude them (not a change of the source). `retyped`: the type or its modifier
-    changed (through a rename too). `key_changed`: the key columns (through renames) or the
+    Columns are matched as `_prior_columns` says (by attnum when both shapes have them, else by
+    name and place): one matched under another name is renamed (`old -> new`), one of `after`
+    unmatched added, one of `before` unmatched dropped. `excluded`: columns that left the shape
+    because a rule began to exclude them (not a change of the source). `retyped`: the type or its
+    modifier changed (through a rename too). `key_changed`: the key columns (through renames) or the
     replica identity changed. A column that became masked changes no kind.
     """
-    old = {c.name: c for c in before.columns}
-    new = {c.name: c for c in after.columns}
-    renamed: dict[str, str] = {}
-    if len(before.columns) == len(after.columns):
-        for b, a in zip(before.columns, after.columns, strict=True):
-            if b.name != a.name and b.name not in new and a.name not in old:
-                renamed[a.name] = b.name
+    prior = _prior_columns(before, after)
+    renamed = {n: c.name for n, c in prior.items() if c.name != n}
+    kept = {c.name for c in prior.values()}
     out: dict[str, list[str]] = {}
-    added = [n for n in new if n not in old and n not in renamed]
-    dropped = [n for n in old if n not in new and n not in renamed.values() and n not in excluded]
-    retyped = []
-    for c in after.columns:
-        was = old.get(renamed.get(c.name, c.name))
-        if was is not None and (was.type_oid, was.type_modifier) != (c.type_oid, c.type_modifier):
-            retyped.append(c.name)
+    added = [c.name for c in after.columns if c.name not in prior]
+    dropped = [c.name for c in before.columns if c.name not in kept and c.name not in excluded]
+    retyped = [c.name for c in after.columns if c.name in prior and _type(prior[c.name]) != _type(c)]
     key_then = [renamed.get(n, n) for n in _key(after)]
     if key_then != _key(before) or before.replica_identity != after.replica_identity:
         out[KEY_CHANGED] = [f"({', '.join(_key(before))}) -> ({', '.join(_key(after))})"]
@@ -157,6 +150,55 @@ def recorded_shape_change_alerts(
         if kinds:
             held[table] = shape_change_alert(table, kinds)
     return [held[t] for t in sorted(held)]
+
+
+def _prior_columns(before: RelationShape, after: RelationShape) -> dict[str, ColumnShape]:
+    """Each column of `after` that `before` had already (maybe under another name): its name -> that column.
+
+    By attnum when every column of both shapes has one: `drop a; rename b to a; add b` is then a
+    dropped, b renamed to a, b added, where the names alone say nothing changed. Else (a shape
+    recorded before attnums were) by name, and a name gone with a new one at the same place, when
+    both shapes have as many columns, is one column renamed (a renamed column keeps its place).
+    """
+    if all(c.attnum is not None for c in (*before.columns, *after.columns)):
+        by_attnum = {c.attnum: c for c in before.columns}
+        return {c.name: by_attnum[c.attnum] for c in after.columns if c.attnum in by_attnum}
+    old = {c.name: c for c in before.columns}
+    new = {c.name for c in after.columns}
+    prior = {c.name: old[c.name] for c in after.columns if c.name in old}
+    if len(before.columns) == len(after.columns):
+        for b, a in zip(before.columns, after.columns, strict=True):
+            if b.name != a.name and b.name not in new and a.name not in old:
+                prior[a.name] = b
+    return prior
+
+
+def _type(c: ColumnShape) -> tuple[int, int]:
+    return (c.type_oid, c.type_modifier)
+
+
+def with_attnums(admin: PostgresAdmin, shape: RelationShape) -> RelationShape:
+    """`shape` with each column's pg_attribute.attnum, when the catalog still has exactly those columns.
+
+    A shape is met in a Relation message, which carries no attnums, maybe well after the catalog
+    changed again: the numbers are taken only when every column of the shape is in the catalog
+    under its name and type, in the same order (pgoutput sends columns by attnum). Else the shape
+    is returned as it is and compared by names (`_prior_columns`).
+    """
+    with admin.conn.cursor() as cur:
+        cur.execute(
+            "select attname, attnum, atttypid::bigint, atttypmod from pg_attribute "
+            "where attrelid = %s and attnum > 0 and not attisdropped",
+            (shape.relation_id,),
+        )
+        catalog = {str(r[0]): (int(str(r[1])), int(str(r[2])), int(str(r[3]))) for r in cur.fetchall()}
+    numbers: list[int] = []
+    for c in shape.columns:
+        got = catalog.get(c.name)
+        if got is None or got[1:] != _type(c) or (numbers and got[0] <= numbers[-1]):
+            return shape
+        numbers.append(got[0])
+    return replace(shape, columns=tuple(replace(c, attnum=n) for c, n in zip(shape.columns, numbers, strict=True)))
 
 
 def _key(shape: RelationShape) -> list[str]:
