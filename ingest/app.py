@@ -197,7 +197,7 @@ def snapshot(cfg: Config, table: str, source: str | None, where: str | None = No
 def pause_snapshot(cfg: Config, target: str, source: str | None, paused: bool) -> str:
     """Pause (or resume) the snapshots of `target`, a table or a snapshot id (docs/snapshots.md).
 
-    Kept in bronze (the snapshot's writer row): it holds across restarts. MongoDB snapshots are
+    Kept in bronze (an appended snapshot_control record): it holds across restarts. MongoDB snapshots are
     refused: their runner does not read the pause.
     """
     from ingest.capture.snapshots import set_paused, snapshots_of

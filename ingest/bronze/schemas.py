@@ -190,3 +190,19 @@ ALL_TABLES = (
     SNAPSHOT_PAGES_TABLE,
     VERIFICATION_RUNS_TABLE,
 )
+
+# `snapshot pause|resume`: one row per command and snapshot, appended by the command and never
+# rewritten, so a run's rewrite of the snapshot's writer row cannot undo it; the latest row of a
+# snapshot decides. Ingest's own control record: created by the first command, not a dbt source.
+SNAPSHOT_CONTROL = pa.schema(
+    [
+        ("source", pa.string()),
+        ("snapshot_id", pa.string()),
+        ("table_name", pa.string()),  # schema.table, for a reader of the log
+        ("paused", pa.bool_()),
+        ("issued_at", TS),
+    ]
+)
+SNAPSHOT_CONTROL_TABLE = BronzeTable(
+    "snapshot_control", SNAPSHOT_CONTROL, ("source",), (("delta.appendOnly", "true"), *LOG_PROPERTIES)
+)

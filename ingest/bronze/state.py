@@ -7,7 +7,7 @@ dataset reader refuses tables that have them). Writes are `writer.py`'s.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from ingest.bronze.delta import DeltaTables
 from ingest.bronze.schemas import (
+    SNAPSHOT_CONTROL_TABLE,
     SNAPSHOT_PAGES_TABLE,
     SOURCE_RELATIONS_TABLE,
     STREAM_POSITIONS_TABLE,
@@ -23,7 +24,7 @@ from ingest.bronze.schemas import (
 )
 from ingest.errors import BronzeWriteError
 from ingest.events import ColumnShape, RelationShape, WriterKind, WriterPosition
-from ingest.positions import FILTERED_SNAPSHOT_PREFIX
+from ingest.positions import FILTERED_SNAPSHOT_PREFIX, SnapshotProgress
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,10 +155,19 @@ class BronzeState:
         return DurablePage(int(agg["last_page_number"]), key, int(agg["n"]), bool(agg["done"]))
 
     def positions(self, source: str | None = None) -> list[tuple[WriterPosition, datetime]]:
-        """Every writer row (of `source`, if given) with its `updated_at`."""
+        """Every writer row (of `source`, if given) with its `updated_at`.
+
+        A snapshot's row says `paused` as its latest `snapshot pause|resume` record says
+        (snapshot_pauses); a snapshot with none keeps the flag its row has (rows written before
+        the records existed, when the command wrote the flag into the row).
+        """
         where = f" where source = {sql_str(source)}" if source is not None else ""
+        rows = self._query(f"select * from t{where}", t=STREAM_POSITIONS_TABLE).to_pylist()
+        pauses = (
+            self.snapshot_pauses(source) if any(r["writer_kind"] == WriterKind.SNAPSHOT.value for r in rows) else {}
+        )
         out = []
-        for r in self._query(f"select * from t{where}", t=STREAM_POSITIONS_TABLE).to_pylist():
+        for r in rows:
             pos = WriterPosition(
                 r["source"],
                 r["writer_id"],
@@ -166,8 +176,29 @@ class BronzeState:
                 r["ack_lsn"],
                 r["resume_token"],
             )
+            if pos.writer_kind is WriterKind.SNAPSHOT and pauses:
+                progress = SnapshotProgress.from_row(pos)
+                paused = pauses.get((pos.source, progress.snapshot_id), progress.paused)
+                if paused != progress.paused:
+                    pos = replace(pos, resume_token=replace(progress, paused=paused).to_json())
             out.append((pos, r["updated_at"]))
         return out
+
+    def snapshot_control_version(self) -> int | None:
+        """The snapshot_control table's version (None before its first record): it moves with each command."""
+        if not self.exists(SNAPSHOT_CONTROL_TABLE):
+            return None
+        return int(self.tables.table(self.path(SNAPSHOT_CONTROL_TABLE)).version())
+
+    def snapshot_pauses(self, source: str | None = None) -> dict[tuple[str, str], bool]:
+        """Whether each (source, snapshot id) with a `snapshot pause|resume` record is paused: its latest says."""
+        if not self.exists(SNAPSHOT_CONTROL_TABLE):
+            return {}
+        where = f" where source = {sql_str(source)}" if source is not None else ""
+        rows = self._query(
+            f"select source, snapshot_id, paused from t{where} order by issued_at", t=SNAPSHOT_CONTROL_TABLE
+        ).to_pylist()
+        return {(r["source"], r["snapshot_id"]): bool(r["paused"]) for r in rows}
 
     def last_event_position(self, source: str, writer_id: str, from_lsn: int = 0) -> tuple[int, int] | None:
         """The highest (commit_lsn, commit_index) this writer has in bronze, or None.

@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from ingest.bronze.schemas import (
     ALL_TABLES,
+    SNAPSHOT_CONTROL_TABLE,
     SNAPSHOT_PAGES_TABLE,
     SOURCE_RELATIONS_TABLE,
     STREAM_POSITIONS_TABLE,
@@ -287,6 +288,19 @@ class BronzeWriter(BronzeState):
         ]
         table = pa.Table.from_pylist(data, SNAPSHOT_PAGES_TABLE.schema)
         self._append(SNAPSHOT_PAGES_TABLE, table, source, f"{source}/{writer_id}", page.page_number)
+
+    def append_snapshot_control(self, source: str, commands: Sequence[tuple[str, str, bool]]) -> None:
+        """Record `snapshot pause|resume` of (snapshot id, table, paused) in one append; creates the table."""
+        if not commands:
+            return
+        table = SNAPSHOT_CONTROL_TABLE
+        self.tables.create(self.path(table), table.schema, table.partition_by, dict(table.properties))
+        now = _now()
+        rows = [
+            {"source": source, "snapshot_id": sid, "table_name": name, "paused": paused, "issued_at": now}
+            for sid, name, paused in commands
+        ]
+        self._append(table, pa.Table.from_pylist(rows, table.schema), source, None, None)
 
     def remove_writer(self, source: str, writer_id: str) -> None:
         """Delete a retired writer's row so it no longer holds back the safe bound."""

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import replace
 
 from ingest.bronze.writer import BronzeWriter
-from ingest.errors import SourceError
 from ingest.events import WriterKind
 from ingest.positions import SnapshotProgress, SourcePositions
 
@@ -17,8 +15,6 @@ log = logging.getLogger(__name__)
 
 SnapshotWork = Callable[[Callable[[], bool]], None]
 STOP_WAIT_S = 30.0  # how long a stopping run waits for the snapshot's current page
-CONFIRM_WAIT_S = 0.5  # a pause or resume is read back this long after its write
-CONFIRM_ATTEMPTS = 5
 
 
 class SnapshotThread:
@@ -113,40 +109,22 @@ def cancel_requests(writer: BronzeWriter, source: str, target: str) -> int:
 def set_paused(writer: BronzeWriter, source: str, target: str, paused: bool) -> list[SnapshotProgress]:
     """Pause (or resume) the source's snapshots of `target` (a table or a snapshot id); the ones changed.
 
-    The pause is kept in each snapshot's writer row (`paused` in its progress record), so it holds
-    across restarts and `status` shows it. A running `run` reads it within CONTROL_POLL_S and
-    starts no page of a paused snapshot; it raises the paused writer with the server's position
-    so the safe bound goes on. The run rewrites its rows with the pause it reads from bronze just
-    before; a write of the run that read the row just before this one's commit would still undo
-    it, so the row is read back after CONFIRM_WAIT_S and written again if so.
+    One record per snapshot appended to bronze's snapshot_control, never rewritten: a snapshot's
+    latest record decides (BronzeState.positions shows it in the writer rows), so a run rewriting
+    the writer row at the same moment cannot undo the command, and the command never writes the
+    row (a row it read a moment before would lower the position the run raised). A running `run`
+    reads it within CONTROL_POLL_S and starts no page of a paused snapshot. Returns the snapshots
+    whose state this command changed, or all it names when none changed (none: no such snapshot).
     """
-    changed: list[SnapshotProgress] = []
-    for _ in range(CONFIRM_ATTEMPTS):
-        rows = [
-            (pos, started)
-            for pos, started in writer.positions(source)
-            if pos.writer_kind is WriterKind.SNAPSHOT and _matches(SnapshotProgress.from_row(pos), target)
-        ]
-        stale = [(pos, started) for pos, started in rows if SnapshotProgress.from_row(pos).paused != paused]
-        if not stale:
-            return changed or [SnapshotProgress.from_row(pos) for pos, _ in rows]
-        updated = []
-        for pos, started in stale:
-            progress = replace(SnapshotProgress.from_row(pos), paused=paused)
-            updated.append((replace(pos, resume_token=progress.to_json()), started))
-            if all(c.snapshot_id != progress.snapshot_id for c in changed):
-                changed.append(progress)
-        writer.raise_positions(updated)
-        for progress in changed:
-            log.info(
-                "snapshot %s source=%s table=%s snapshot_id=%s",
-                "paused" if paused else "resumed",
-                source,
-                progress.table,
-                progress.snapshot_id,
-            )
-        time.sleep(CONFIRM_WAIT_S)
-    raise SourceError(
-        f"snapshot {target} of source {source!r} did not keep its {'pause' if paused else 'resume'} after "
-        f"{CONFIRM_ATTEMPTS} writes (a run rewrote its row each time); run the command again"
-    )
+    found = snapshots_of(writer, source, target)
+    writer.append_snapshot_control(source, [(p.snapshot_id, p.table, paused) for p in found])
+    changed = [replace(p, paused=paused) for p in found if p.paused != paused]
+    for progress in changed:
+        log.info(
+            "snapshot %s source=%s table=%s snapshot_id=%s",
+            "paused" if paused else "resumed",
+            source,
+            progress.table,
+            progress.snapshot_id,
+        )
+    return changed or [replace(p, paused=paused) for p in found]

@@ -9,9 +9,12 @@ predicate that is not one read-only filter of the table is refused with nothing 
 from __future__ import annotations
 
 import json
+import os
+import random
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +38,7 @@ from tests.helpers.pg import PgSource, bronze_events, capture_once, prepare
 pytestmark = pytest.mark.integration
 
 PAGE_ROWS = 50
+SEED = int(os.environ.get("CHANGELAKE_TEST_SEED", random.randrange(1 << 30)))
 
 
 def until(check: Callable[[], bool], seconds: float, what: str) -> None:
@@ -253,3 +257,110 @@ def test_a_bad_predicate_is_refused_and_nothing_is_queued(tmp_path: Path, make_s
     assert not (warehouse / "bronze" / "snapshot_pages").exists() or page_rows(warehouse, s.name) == []
     (progress,) = SourcePositions.read(writer, s.name).snapshots
     assert progress.paused and (SourcePositions.read(writer, s.name).safe_bound or 0) >= lsn
+
+
+def test_interleaved_pause_and_resume_end_as_the_last_command_and_never_lower_the_position(
+    tmp_path: Path, make_source: Any
+) -> None:
+    """Regression: the pause lived in the writer row the run rewrites, so a pause written while the run
+    rewrote the row could be lost; and the command's own rewrite of the row, from a read a moment
+    before, lowered the position the run had raised meanwhile (the safe bound stepped back).
+    """
+    s = make_source("create table t (id int primary key, v text)", ["t"])
+    s.execute("insert into t select g, 'v' || g from generate_series(1, 4000) g")
+    table = f"{s.schema}.t"
+    src = s.config(snapshot={"page_rows": PAGE_ROWS}, heartbeat_seconds=1)
+    prepare(src)
+    warehouse = tmp_path / "warehouse"
+    writer = BronzeWriter(warehouse)
+
+    def slow_pages(point: str, task: SnapshotTask, page: int) -> None:
+        if point == "before_read":
+            time.sleep(0.03)  # the snapshot runs for the whole sequence of commands
+
+    run = Running(warehouse, src, slow_pages)
+    landed = warehouse / "bronze" / "snapshot_pages"
+    until(lambda: landed.exists() and pages_landed(warehouse, s.name) >= 2, 30, "the snapshot's first pages")
+    positions: list[int] = []
+    sampling = threading.Event()
+
+    def sample() -> None:
+        while not sampling.is_set():
+            rows = [p for p, _ in writer.positions(s.name) if p.writer_kind is WriterKind.SNAPSHOT]
+            positions.extend(p.durable_lsn for p in rows)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    rng = random.Random(SEED)
+    commands = [rng.random() < 0.5 for _ in range(15)] + [True]
+    for paused in commands:
+        set_paused(writer, s.name, table, paused)  # what `snapshot pause|resume` runs
+        (progress,) = SourcePositions.read(writer, s.name).snapshots
+        assert progress.paused is paused, "the state is the last command's"
+        time.sleep(rng.uniform(0, 0.3))
+    sampling.set()
+    sampler.join()
+    assert positions == sorted(positions), "a command never lowers the snapshot writer's position"
+
+    # The last command (a pause) holds: after the page being read, no page lands.
+    time.sleep(1.0)
+    pages = pages_landed(warehouse, s.name)
+    time.sleep(1.0)
+    assert pages_landed(warehouse, s.name) == pages
+    (progress,) = SourcePositions.read(writer, s.name).snapshots
+    assert progress.paused and progress.rows < 4000
+    set_paused(writer, s.name, progress.snapshot_id, False)
+    until(lambda: not SourcePositions.read(writer, s.name).snapshots, 60, "the snapshot's end")
+    run.stop()
+    rows = snapshot_rows(warehouse, s.name)
+    assert sorted(json.loads(r.record_pk)["id"] for r in rows) == list(range(1, 4001)), "every row once"
+
+
+def queued_snapshot(tmp_path: Path, make_source: Any) -> tuple[PgSource, Any, Path, BronzeWriter, SnapshotTask]:
+    """A source with a 120-row table and one snapshot of it requested, not started."""
+    s = make_source("create table t (id int primary key, v text)", ["t"])
+    s.execute("insert into t select g, 'v' || g from generate_series(1, 120) g")
+    src = s.config(snapshot={"initial": False, "page_rows": PAGE_ROWS})
+    prepare(src)
+    warehouse = tmp_path / "warehouse"
+    writer = BronzeWriter(warehouse)
+    return s, src, warehouse, writer, request_snapshot(src, writer, f"{s.schema}.t")
+
+
+def test_a_pause_flag_in_a_writer_row_from_before_the_control_records_is_honoured(
+    tmp_path: Path, make_source: Any
+) -> None:
+    """A writer row that says paused (as `snapshot pause` wrote it before its records existed) holds the
+    snapshot until a resume record; the records then decide."""
+    s, src, warehouse, writer, task = queued_snapshot(tmp_path, make_source)
+    table = task.table
+    ((pos, started),) = writer.positions(s.name)
+    old = SnapshotProgress.from_row(pos)
+    writer.raise_position(replace(pos, resume_token=replace(old, paused=True).to_json()), started)
+    capture_once(warehouse, src, snapshots=True)
+    assert page_rows(warehouse, s.name) == []
+    (progress,) = SourcePositions.read(writer, s.name).snapshots
+    assert progress.paused and progress.snapshot_id == task.snapshot_id
+    set_paused(writer, s.name, table, False)
+    capture_once(warehouse, src, snapshots=True)
+    assert len(snapshot_rows(warehouse, s.name)) == 120
+    assert not SourcePositions.read(writer, s.name).snapshots
+
+
+def test_a_run_rewriting_the_writer_row_from_before_a_pause_does_not_undo_it(tmp_path: Path, make_source: Any) -> None:
+    """Regression: a run that read the writer row, then wrote it back after `snapshot pause` committed,
+    undid the pause (the run's rewrite carried the row as it read it); and the command rewrote the row
+    itself, with the position it read, under a run raising it."""
+    s, src, warehouse, writer, task = queued_snapshot(tmp_path, make_source)
+    table = task.table
+    ((before, updated),) = writer.positions(s.name)
+    set_paused(writer, s.name, table, True)
+    ((after, updated_after),) = writer.positions(s.name)
+    assert (after.durable_lsn, updated_after) == (before.durable_lsn, updated), "the command leaves the row alone"
+    # The run's write of the row as it read it before the pause (its position raised meanwhile).
+    stale = replace(task, durable_lsn=task.durable_lsn + 1)
+    writer.raise_positions([(stale.position(s.name), stale.started_at)])
+    (progress,) = SourcePositions.read(writer, s.name).snapshots
+    assert progress.paused, "the pause holds"
+    capture_once(warehouse, src, snapshots=True)
+    assert page_rows(warehouse, s.name) == []

@@ -57,7 +57,7 @@ REREAD_POLL_S = 60.0  # how often a continuous run looks in silver for keys to r
 REPLICA_IDENTITY_FULL = "f"  # pg_class.relreplident
 RELKIND_PARTITIONED = "p"  # pg_class.relkind
 POSITION_INTERVAL_S = 2.0  # a running snapshot raises its writer row at most this often (and at its end)
-CONTROL_POLL_S = 0.25  # how often a run with snapshots to do reads `snapshot pause|resume` from their rows
+CONTROL_POLL_S = 0.25  # how often a run with snapshots to do reads `snapshot pause|resume` (snapshot_control)
 
 
 class SnapshotStopped(Exception):
@@ -172,6 +172,7 @@ class Snapshotter:
         self.masks = src.masks()  # excluded columns are never read, masked ones masked before a page is built
         self.max_parallel = src.snapshot.max_parallel
         self._lock = threading.Lock()  # the task list and writer rows, shared by the snapshot threads
+        self._control_version: int | None = None  # the snapshot_control version the pauses were read at
 
     # -- registration ----------------------------------------------------------------------
     def load(self) -> list[SnapshotTask]:
@@ -413,6 +414,8 @@ class Snapshotter:
         t0, rows0 = time.monotonic(), task.rows
         last_raise = 0.0
         while not should_stop():
+            if self.writer.snapshot_control_version() != self._control_version:
+                self._read_control()  # a command since the last read: a pause stops before the next page
             if task.paused:  # the run's scheduler raises its row while it waits (`_raise_paused`)
                 log.info(
                     "snapshot paused source=%s table=%s page=%d rows=%d", self.src.name, task.table, page, task.rows
@@ -538,21 +541,19 @@ class Snapshotter:
             self.writer.raise_positions(self._rows_of([task, *queued]))
 
     def _rows_of(self, tasks: Sequence[SnapshotTask]) -> list[tuple[WriterPosition, datetime]]:
-        """The writer rows of `tasks` to write, each keeping the pause its row in bronze says now.
+        """The writer rows of `tasks` to write.
 
-        `snapshot pause|resume` rewrites a row from another process; a row built from what the
-        run read a page ago would undo it. The caller holds the lock.
+        The `paused` they carry is only what the run last read: `snapshot pause|resume` is decided
+        by its records in bronze's snapshot_control, which no row written here overrides.
         """
-        rows = {p.writer_id: p for p, _ in self.writer.positions(self.src.name)}
-        for t in tasks:
-            if (row := rows.get(t.writer_id)) is not None:
-                t.paused = SnapshotProgress.from_row(row).paused
         return [(t.position(self.src.name), t.started_at) for t in tasks]
 
     def _read_control(self) -> None:
-        """Take `snapshot pause|resume` from the writer rows: a paused snapshot starts no page."""
+        """Take `snapshot pause|resume` (the writer rows as bronze reads them): a paused snapshot starts no page."""
+        version = self.writer.snapshot_control_version()  # before the read: a later command is read again
         rows = {p.writer_id: p for p, _ in self.writer.positions(self.src.name)}
         with self._lock:
+            self._control_version = version
             for t in self.tasks:
                 row = rows.get(t.writer_id)
                 paused = SnapshotProgress.from_row(row).paused if row is not None else t.paused
