@@ -1,7 +1,8 @@
 """A keyless table's record key (every column) is the same bytes from the stream, a CTID snapshot and a re-read.
 
 Odd values in such keys: NULL, the empty string, the text 'null', a JSON null inside a json
-column, numeric text with trailing zeros, an array, a json object with its own spacing.
+column, numeric text with trailing zeros, an array, a json object with its own spacing, float
+NaN and -0, booleans, padded char(n), inet with and without a netmask, timestamptz infinity.
 """
 
 from __future__ import annotations
@@ -19,16 +20,19 @@ from tests.helpers.pg import bronze_events, capture_once, prepare
 
 pytestmark = pytest.mark.integration
 
-DDL = "create table odd (a int, b text, j json, n numeric, arr int[]); alter table odd replica identity full;"
+DDL = (
+    "create table odd (a int, b text, j json, n numeric, arr int[], f float8, ok bool, c char(3), ip inet, "
+    "ts timestamptz); alter table odd replica identity full;"
+)
 ROWS = (
     "insert into odd values "
-    "(1, null, null, null, null),"
-    "(2, '', '{}', 1.50, '{1,2}'),"
-    "(3, 'null', 'null', 10, null),"
-    "(null, 'x', '{\"k\":  null}', 0.000, '{}'),"
-    "(5, null, '[1, null]', 12345678901234567890.123456789, '{null,3}'),"
+    "(1, null, null, null, null, null, null, null, null, null),"
+    "(2, '', '{}', 1.50, '{1,2}', 0.1, true, 'a', '10.0.0.1', '2026-01-02 03:04:05.5+00'),"
+    "(3, 'null', 'null', 10, null, 'NaN', false, 'ab ', '10.0.0.0/8', null),"
+    "(null, 'x', '{\"k\":  null}', 0.000, '{}', 1e300, null, '', null, 'infinity'),"
+    "(5, null, '[1, null]', 12345678901234567890.123456789, '{null,3}', -0.0, true, null, '::1', null),"
     # A row the re-read must not return: it differs from row 1 only in b being '' instead of NULL.
-    "(1, '', null, null, null)"
+    "(1, '', null, null, null, null, null, null, null, null)"
 )
 
 

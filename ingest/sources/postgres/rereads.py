@@ -27,10 +27,10 @@ def key_values(record_pk: str) -> KeyValues:
     Python float); a nested value (an array) is its compact JSON. The one reading of a key both
     a re-read's request and its check of the rows read use, so they agree byte for byte.
     """
-    values = json.loads(record_pk, parse_float=str, parse_int=str).values()
+    texts = json.loads(record_pk, parse_float=str, parse_int=str).values()
     return tuple(
-        v if v is None or isinstance(v, str) else json.dumps(v, separators=(",", ":"), ensure_ascii=False)
-        for v in values
+        text if text is None or isinstance(text, str) else json.dumps(v, separators=(",", ":"), ensure_ascii=False)
+        for text, v in zip(texts, json.loads(record_pk).values(), strict=True)
     )
 
 
