@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import engine as engine_helper
 from tests.helpers.pg import ROOT, PgSource
 
 
@@ -44,6 +45,29 @@ def make_source(pg_dsn: str) -> Iterator[Any]:
 def warehouse(tmp_path: Path) -> Path:
     """A fresh warehouse directory for one test."""
     return tmp_path / "warehouse"
+
+
+@pytest.fixture(scope="session")
+def shared_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[engine_helper.Engine]:
+    """The suite's warm engine (tests/helpers/engine.py), started by the first test that asks."""
+    e = engine_helper.Engine(tmp_path_factory.mktemp("engine"))
+    try:
+        yield e
+    finally:
+        engine_helper.current = None
+        e.down()
+
+
+@pytest.fixture
+def engine(shared_engine: engine_helper.Engine, warehouse: Path) -> Iterator[engine_helper.Engine]:
+    """This test's dbt commands (tests/helpers/silver.py, dbt) run on the warm engine, on `warehouse`."""
+    shared_engine.serve(warehouse)
+    engine_helper.current = shared_engine
+    try:
+        yield shared_engine
+    finally:
+        engine_helper.current = None
+        shared_engine.serving = None
 
 
 # The suite runs on two pytest-xdist workers (scripts/test.sh: `-n 2`). Every test that starts

@@ -10,6 +10,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from tests.helpers import engine
 from tests.helpers.delta_rows import exists, read
 from tests.helpers.pg import ROOT
 
@@ -21,8 +22,12 @@ DBT = Path(sys.executable).with_name("dbt")
 NO_UNIT_TESTS = ("--exclude-resource-type", "unit_test")
 
 
-def dbt(warehouse: Path, *args: str, project: Path = ROOT) -> str:
-    """Run dbt on `warehouse` (the project at `project`, a copy of this one for generated models)."""
+def dbt_process(warehouse: Path, *args: str, project: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    """Run dbt on `warehouse` (the project at `project`, a copy of this one for generated models).
+
+    On the suite's warm engine when the test asked for it (fixture `engine`), else the local target.
+    """
+    target, target_env = engine.current.dbt_args(warehouse) if engine.current else ([], {})
     env = dict(
         os.environ,
         PWD=str(ROOT),  # profiles.yml finds dbt_log4j2.properties through it
@@ -30,15 +35,21 @@ def dbt(warehouse: Path, *args: str, project: Path = ROOT) -> str:
         DBT_PROFILES_DIR=str(ROOT),
         DBT_TARGET_PATH=str(warehouse.parent / "dbt-target"),
         DBT_LOG_PATH=str(warehouse.parent / "dbt-logs"),
+        **target_env,
     )
-    r = subprocess.run(
-        [str(DBT), *args, "--project-dir", str(project)],
+    return subprocess.run(
+        [str(DBT), *args, *target, "--project-dir", str(project)],
         env=env,
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=1200,
     )
+
+
+def dbt(warehouse: Path, *args: str, project: Path = ROOT) -> str:
+    """dbt_process that must succeed; its standard output."""
+    r = dbt_process(warehouse, *args, project=project)
     assert r.returncode == 0, f"dbt {' '.join(args)} failed:\n{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
     return r.stdout
 

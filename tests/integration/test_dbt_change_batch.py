@@ -18,7 +18,7 @@ import pytest
 from tests.helpers.pg import capture_once, prepare
 from tests.helpers.silver import dbt, silver, source_rows
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("engine")]
 
 TABLES = """
 create table items (id int primary key, n int);

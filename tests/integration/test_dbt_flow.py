@@ -26,7 +26,7 @@ from tests.helpers.delta_rows import read
 from tests.helpers.pg import bronze_events, capture_once, prepare
 from tests.helpers.silver import NO_UNIT_TESTS, dbt, frozen, silver, snapshot_rows
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("engine")]
 # The silver tables a run with nothing new leaves alone (issue 21).
 UNCHANGED_WHEN_IDLE = (
     "safe_bounds",

@@ -19,7 +19,7 @@ from ingest.config import PostgresSource
 from tests.helpers.pg import ROOT, capture_once, prepare
 from tests.helpers.silver import NO_UNIT_TESTS, dbt
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("engine")]
 
 TENANTS = ("acme", "beta", "gamma")
 ORDERS_SQL = "create table {schema}.orders (id int primary key, amount numeric(12, 2), note text)"

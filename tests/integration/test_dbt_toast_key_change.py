@@ -12,7 +12,7 @@ import pytest
 from tests.helpers.pg import bronze_events, capture_once, prepare
 from tests.helpers.silver import dbt, silver, source_rows
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("engine")]
 
 # `body` is stored out of line and uncompressed, and random hex does not compress anyway: every
 # value is TOASTed, so an update that leaves it alone sends the unchanged-TOAST marker, not the value.

@@ -173,6 +173,7 @@ def test_snapshot_then_stream_into_bronze(warehouse: Path, mongo_uri: str, mongo
     assert last.action == "truncate" and last.truncated_tables == [f"{mongo_db.name}.products"]
 
 
+@pytest.mark.usefixtures("engine")
 def test_stream_to_dbt_consumer_records_equal_the_collection(warehouse: Path, mongo_uri: str, mongo_db: Any) -> None:
     coll = mongo_db.products
     coll.insert_one({"_id": ObjectId(), "placeholder": True})  # the collection exists before the stream

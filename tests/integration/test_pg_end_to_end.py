@@ -94,6 +94,7 @@ def workload(conn: psycopg.Connection[Any], rnd: random.Random, next_id: list[in
         )
 
 
+@pytest.mark.usefixtures("engine")
 def test_silver_equals_the_source_after_sigkills_schema_changes_and_partition_moves(
     tmp_path: Path, make_source: Any
 ) -> None:

@@ -154,6 +154,7 @@ def check_live_equal(warehouse: Path, s: Any, tables: list[str], label: str) -> 
                 assert r.record_pk not in live
 
 
+@pytest.mark.usefixtures("engine")
 def test_snapshot_races_and_concurrent_load_reproduce_the_source(
     warehouse: Path, make_source: Any, pg_dsn: str
 ) -> None:

@@ -10,8 +10,6 @@ scheduled check (assert_last_verification_found_no_mismatches) fails.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -25,8 +23,8 @@ from deltalake import DeltaTable, write_deltalake
 
 from tests.helpers.delta_rows import read
 from tests.helpers.ingest_process import ingest, start_run, stop, write_config
-from tests.helpers.pg import ROOT, capture_once, prepare
-from tests.helpers.silver import DBT, NO_UNIT_TESTS, dbt, silver
+from tests.helpers.pg import capture_once, prepare
+from tests.helpers.silver import NO_UNIT_TESTS, dbt, dbt_process, silver
 
 pytestmark = pytest.mark.integration
 
@@ -62,6 +60,7 @@ def load(s: Any, stop_flag: threading.Event, counter: list[int]) -> None:
             time.sleep(0.002)
 
 
+@pytest.mark.usefixtures("engine")
 def test_verify_finds_exactly_the_corrupted_keys_and_nothing_under_load(
     tmp_path: Path, make_source: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -144,25 +143,7 @@ def test_verify_finds_exactly_the_corrupted_keys_and_nothing_under_load(
     assert json.loads(rows[-1].details)["missing_keys"] == ['{"id":200}']
 
     # The gold models show it, and the scheduled check fails on it (one targeted dbt build).
-    env = dict(
-        os.environ,
-        PWD=str(ROOT),
-        CHANGELAKE_WAREHOUSE=str(warehouse),
-        DBT_PROFILES_DIR=str(ROOT),
-        DBT_TARGET_PATH=str(tmp_path / "dbt-target"),
-        DBT_LOG_PATH=str(tmp_path / "dbt-logs"),
-    )
-    p = subprocess.run(
-        [
-            *(str(DBT), "build", "--select", "verification_runs", "source_health"),
-            *("--store-failures", "--project-dir", str(ROOT)),
-        ],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    p = dbt_process(warehouse, "build", "--select", "verification_runs", "source_health", "--store-failures")
     assert p.returncode == 1 and "assert_last_verification_found_no_mismatches" in p.stdout, p.stdout[-4000:]
     # source_health is a view: its failing rows, as the test stored them (--store-failures), are a
     # table (Parquet: dbt-spark's default format for stored test failures).
