@@ -3,7 +3,9 @@
 -- One row per change of a captured table's shape, as bronze.source_relations recorded it: the
 -- table's first shape (table_added), then between each shape and the next one, each column added,
 -- dropped, renamed or retyped and a changed key. Classified as ingest classifies them for its
--- schema_changed alert (ingest/sources/postgres/schema_changes.py, shape_change_kinds): a renamed
+-- schema_changed alert (ingest/sources/postgres/schema_changes.py, shape_change_kinds): when both
+-- shapes carry every column's attnum (PostgreSQL's column identity, kept across a rename), a column
+-- is the one with its attnum before; otherwise (shapes recorded before attnums were) a renamed
 -- column keeps its place, so when both shapes have as many columns, a name gone and a new name at
 -- the same place are one column renamed. Rebuilt only when one of its inputs got a Delta commit.
 
@@ -58,7 +60,9 @@ shape_changes as (
         *,
         transform(columns, shape_column -> shape_column.name) as column_names,
         transform(previous_columns, shape_column -> shape_column.name) as previous_column_names,
-        size(columns) = size(previous_columns) as same_width
+        size(columns) = size(previous_columns) as same_width,
+        not exists(columns, shape_column -> shape_column.attnum is null)
+        and not exists(previous_columns, shape_column -> shape_column.attnum is null) as by_attnum
     from ordered_shapes
     where previous_shape_hash is null or previous_shape_hash != shape_hash
 
@@ -79,6 +83,14 @@ new_columns as (
         new_column.col.type_name,
         new_column.col.pk_position,
         case
+            when shape_changes.by_attnum
+                then try_element_at(
+                        filter(
+                            shape_changes.previous_columns,
+                            old_column -> old_column.attnum = new_column.col.attnum
+                        ),
+                        1
+                    ).name
             when array_contains(shape_changes.previous_column_names, new_column.col.name)
                 then new_column.col.name
             when
