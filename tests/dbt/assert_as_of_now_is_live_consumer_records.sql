@@ -68,91 +68,40 @@ as_of_last_positions as (
 
 ),
 
--- Each direction of each mode apart: EXCEPT and UNION bind alike, left to right.
-timestamp_extra as (
+-- One aggregation instead of an EXCEPT ALL per direction and mode: each live consumer_records row
+-- counts +1 in both modes, each row an as_of gives -1 in its mode; a group whose sum is not 0 is a
+-- difference (surplus > 0: live but missing from as_of; < 0: an as_of row not live, or one too many).
+signed_rows as (
 
+    select
+        live_records.source,
+        live_records.table_schema,
+        live_records.table_name,
+        live_records.record_pk,
+        live_records.record,
+        modes.check_mode,
+        1 as side
+    from live_records
+        lateral view explode(array('timestamp', 'lsn')) modes as check_mode
+    union all
     select
         source,
         table_schema,
         table_name,
         record_pk,
         record,
-        'timestamp' as check_mode
+        'timestamp' as check_mode,
+        -1 as side
     from as_of_now
-    except all
+    union all
     select
         source,
         table_schema,
         table_name,
         record_pk,
         record,
-        'timestamp' as check_mode
-    from live_records
-
-),
-
-timestamp_missing as (
-
-    select
-        source,
-        table_schema,
-        table_name,
-        record_pk,
-        record,
-        'timestamp' as check_mode
-    from live_records
-    except all
-    select
-        source,
-        table_schema,
-        table_name,
-        record_pk,
-        record,
-        'timestamp' as check_mode
-    from as_of_now
-
-),
-
-lsn_extra as (
-
-    select
-        source,
-        table_schema,
-        table_name,
-        record_pk,
-        record,
-        'lsn' as check_mode
-    from as_of_last_positions
-    except all
-    select
-        source,
-        table_schema,
-        table_name,
-        record_pk,
-        record,
-        'lsn' as check_mode
-    from live_records
-
-),
-
-lsn_missing as (
-
-    select
-        source,
-        table_schema,
-        table_name,
-        record_pk,
-        record,
-        'lsn' as check_mode
-    from live_records
-    except all
-    select
-        source,
-        table_schema,
-        table_name,
-        record_pk,
-        record,
-        'lsn' as check_mode
+        'lsn' as check_mode,
+        -1 as side
     from as_of_last_positions
 
 ),
@@ -165,35 +114,11 @@ differences as (
         table_name,
         record_pk,
         record,
-        check_mode
-    from timestamp_extra
-    union all
-    select
-        source,
-        table_schema,
-        table_name,
-        record_pk,
-        record,
-        check_mode
-    from timestamp_missing
-    union all
-    select
-        source,
-        table_schema,
-        table_name,
-        record_pk,
-        record,
-        check_mode
-    from lsn_extra
-    union all
-    select
-        source,
-        table_schema,
-        table_name,
-        record_pk,
-        record,
-        check_mode
-    from lsn_missing
+        check_mode,
+        sum(side) as surplus
+    from signed_rows
+    group by source, table_schema, table_name, record_pk, record, check_mode
+    having sum(side) != 0
 
 )
 
@@ -203,5 +128,6 @@ select
     table_name,
     record_pk,
     record,
-    check_mode
+    check_mode,
+    surplus
 from differences
