@@ -50,6 +50,19 @@ def transient_io(error: Exception) -> bool:
     return isinstance(error, DeltaError) and any(m in str(error) for m in _IO_MARKERS)
 
 
+def field_paths(schema: pa.Schema) -> set[str]:
+    """Every field of `schema` as a dotted path, into structs and list elements (`columns.attnum`)."""
+
+    def paths(prefix: str, data_type: pa.DataType) -> set[str]:
+        if pa.types.is_struct(data_type):
+            return {p for f in data_type for p in {f"{prefix}.{f.name}"} | paths(f"{prefix}.{f.name}", f.type)}
+        if pa.types.is_list(data_type) or pa.types.is_large_list(data_type):
+            return paths(prefix, data_type.value_type)
+        return set()
+
+    return {p for f in schema for p in {f.name} | paths(f.name, f.type)}
+
+
 class DeltaTables:
     """Owns the open Delta tables of one warehouse and serializes this process's writes to each.
 
@@ -118,6 +131,19 @@ class DeltaTables:
             if missing:
                 dt.alter.set_table_properties(missing, raise_if_not_exists=False)
                 log.info("set bronze table properties uri=%s properties=%s", uri, missing)
+
+    def add_missing_columns(self, uri: str, schema: pa.Schema) -> None:
+        """Give a table an older ingest created the fields of `schema` it lacks, nested ones too.
+
+        One empty append with schema merge: a metadata commit, no row written or rewritten (old
+        rows read the new fields as null). No commit when nothing is missing.
+        """
+        with self.lock(uri):
+            dt = self.table(uri)
+            missing = field_paths(schema) - field_paths(pa.schema(dt.schema().to_arrow()))
+            if missing:
+                write_deltalake(dt, schema.empty_table(), mode="append", schema_mode="merge")
+                log.info("added bronze columns uri=%s columns=%s", uri, sorted(missing))
 
     def append(self, uri: str, data: pa.Table, app_id: str | None = None, version: int | None = None) -> bool:
         """Append `data` in one commit; with `app_id`/`version`, exactly once. False: already committed.

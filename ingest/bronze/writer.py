@@ -117,12 +117,14 @@ class BronzeWriter(BronzeState):
         """Create each bronze table that does not exist yet (safe against a concurrent creator).
 
         Schema, partitioning and properties go in the table's first commit (protocol 1/2, which
-        every Spark with Delta reads). A table made by an older ingest gets the properties it lacks.
+        every Spark with Delta reads). A table made by an older ingest gets the properties and the
+        columns it lacks (dbt's models name every column of the contract, docs/bronze.md).
         """
         for table in ALL_TABLES:
             props = dict(table.properties)
             if not self.tables.create(self.path(table), table.schema, table.partition_by, props):
                 self.tables.set_missing_properties(self.path(table), props)
+                self.tables.add_missing_columns(self.path(table), table.schema)
 
     def _append(self, table: BronzeTable, data: pa.Table, source: str, app_id: str | None, version: int | None) -> None:
         uri = self.path(table)

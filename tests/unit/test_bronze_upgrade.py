@@ -1,0 +1,46 @@
+"""A bronze table an older ingest created gets the columns the contract added, at the next start.
+
+Real delta-rs tables in a temporary warehouse. dbt's models name every contract column (gold
+schema_changes reads `source_relations.columns[].attnum`): a warehouse whose table predates a
+column would fail there until some write happened to merge it, which for `source_relations` is a
+PostgreSQL shape change and never comes for a MongoDB-only warehouse.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+
+from ingest.bronze.schemas import SOURCE_RELATIONS_TABLE
+from ingest.bronze.writer import BronzeWriter
+
+
+def _without_attnum(schema: pa.Schema) -> pa.Schema:
+    """source_relations as ingest wrote it before it recorded each column's attnum."""
+    columns = schema.field("columns")
+    element = columns.type.value_type
+    old_element = pa.struct([f for f in element if f.name != "attnum"])
+    return schema.set(schema.get_field_index("columns"), pa.field("columns", pa.list_(old_element)))
+
+
+def test_ensure_tables_adds_the_contract_columns_an_older_table_lacks(tmp_path: Path) -> None:
+    uri = tmp_path / "bronze" / "source_relations"
+    old_schema = _without_attnum(SOURCE_RELATIONS_TABLE.schema)
+    old_row = {name: None for name in old_schema.names} | {"source": "s", "table_name": "t", "columns": []}
+    write_deltalake(str(uri), pa.Table.from_pylist([old_row], old_schema), partition_by=["source"])
+    assert "attnum" not in str(pa.schema(DeltaTable(str(uri)).schema().to_arrow()))
+
+    BronzeWriter(tmp_path).ensure_tables()
+
+    table = DeltaTable(str(uri))
+    element = pa.schema(table.schema().to_arrow()).field("columns").type.value_type
+    assert [f.name for f in element] == [f.name for f in SOURCE_RELATIONS_TABLE.schema.field("columns").type.value_type]
+    # Nothing rewritten: the old row reads as it was.
+    assert table.to_pyarrow_table().to_pylist() == [old_row]
+
+    # A second start changes nothing more (no commit when no column is missing).
+    version = table.version()
+    BronzeWriter(tmp_path).ensure_tables()
+    assert DeltaTable(str(uri)).version() == version
