@@ -17,22 +17,16 @@ killed dbt process taking its JVM along, the scheduled job's and Dagster's own d
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from tests.helpers.ingest_process import free_port
 from tests.helpers.pg import ROOT
 
 # dbt_test__audit: where `--store-failures` puts failing rows (test_verify reads them).
 SCHEMAS = ("bronze", "silver", "gold", "dbt_test__audit")
 START_TIMEOUT_S = 300
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Engine:
@@ -106,10 +100,13 @@ class Engine:
         self.serving = None
         try:
             self._reset(warehouse)
-        except Exception:
+        except Exception as first:
             self.script("down")
             self.script("up")
-            self._reset(warehouse)
+            try:
+                self._reset(warehouse)
+            except Exception as again:
+                raise again from first
         self.serving = warehouse
 
     def _reset(self, warehouse: Path) -> None:
