@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 class Action(StrEnum):
@@ -138,6 +138,33 @@ class SnapshotRow:
 
 
 @dataclass(frozen=True, slots=True)
+class TableSnapshot:
+    """The whole-table snapshot a page belongs to, as bronze.snapshot_pages' `table_snapshot` stores it.
+
+    `snapshot_id` is the snapshot that read the table's bound (the first of a table cut into key
+    ranges), `parts` how many snapshots read the table between them (1 when it was not cut), and
+    `xmin`, `xmax`, `xip` the `pg_current_snapshot()` (64-bit xids) the bound was read under:
+    older than every page's, so a row it cannot see was committed after the bound was taken.
+    """
+
+    snapshot_id: str
+    parts: int
+    xmin: int
+    xmax: int
+    xip: tuple[int, ...]
+
+    def to_struct(self) -> dict[str, Any]:
+        """The struct as bronze and the snapshot writer's progress record spell it."""
+        xids = {"xmin": self.xmin, "xmax": self.xmax, "xip": list(self.xip)}
+        return {"id": self.snapshot_id, "parts": self.parts, **xids}
+
+    @classmethod
+    def from_struct(cls, d: dict[str, Any]) -> TableSnapshot:
+        """Parse `to_struct`'s form (KeyError, TypeError or ValueError if it is not that)."""
+        return cls(str(d["id"]), int(d["parts"]), int(d["xmin"]), int(d["xmax"]), tuple(int(x) for x in d["xip"]))
+
+
+@dataclass(frozen=True, slots=True)
 class SnapshotPage:
     """One keyset page of a table snapshot, as bronze.snapshot_pages stores it (DESIGN §5).
 
@@ -158,6 +185,7 @@ class SnapshotPage:
     xmin: int | None = None
     xmax: int | None = None
     xip: tuple[int, ...] | None = None
+    table_snapshot: TableSnapshot | None = None  # a page of a whole-table Postgres snapshot
 
 
 def lsn_to_int(text: str) -> int:

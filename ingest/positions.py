@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ingest.errors import SourceError
-from ingest.events import WriterKind, WriterPosition
+from ingest.events import TableSnapshot, WriterKind, WriterPosition
 
 if TYPE_CHECKING:
     from ingest.bronze.writer import BronzeWriter
@@ -50,6 +50,10 @@ class SnapshotProgress:
     `until` is the table's largest key when the snapshot started (its last row); `bounded` says it
     is known (`until` None with `bounded`: the table was empty). `keys` makes the snapshot a re-read
     of those keys only. Sources without keyset bounds leave the last four fields unset.
+
+    `whole`: the snapshot reads the whole table (not a re-read by key, not filtered), so its pages
+    carry `table_snapshot`, which is decided when it reads its bound. A row an older ingest wrote
+    has neither, and its pages none.
     """
 
     table: str
@@ -65,6 +69,8 @@ class SnapshotProgress:
     relfilenode: int | None = None  # set: a keyless table paged by CTID, in this file of the table
     paused: bool = False  # `snapshot pause`: no page is read until `snapshot resume`
     where: str | None = None  # a filtered snapshot: only rows this SQL predicate selects
+    whole: bool = False
+    table_snapshot: TableSnapshot | None = None  # set (with `whole`) once the bound is read
 
     @property
     def writer_id(self) -> str:
@@ -93,6 +99,10 @@ class SnapshotProgress:
             d["paused"] = True
         if self.where is not None:
             d["where"] = self.where
+        if self.whole:
+            d["whole"] = True
+        if self.table_snapshot is not None:
+            d["table_snapshot"] = self.table_snapshot.to_struct()
         return json.dumps(d, separators=(",", ":"))
 
     @classmethod
@@ -100,7 +110,7 @@ class SnapshotProgress:
         """Parse a snapshot writer row; an unreadable one is an error that says how to clear it."""
         try:
             d = json.loads(pos.resume_token or "")
-            until, keys = d.get("until"), d.get("keys")
+            until, keys, whole = d.get("until"), d.get("keys"), d.get("table_snapshot")
             return cls(
                 table=str(d["table"]),
                 snapshot_id=str(d["snapshot_id"]),
@@ -115,6 +125,8 @@ class SnapshotProgress:
                 relfilenode=int(d["relfilenode"]) if d.get("relfilenode") is not None else None,
                 paused=bool(d.get("paused")),
                 where=str(d["where"]) if d.get("where") is not None else None,
+                whole=bool(d.get("whole")),
+                table_snapshot=TableSnapshot.from_struct(whole) if whole is not None else None,
             )
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise SourceError(

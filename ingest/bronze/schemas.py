@@ -65,6 +65,18 @@ SNAPSHOT_PAGES = pa.schema(
         ("snapshot_xmin", pa.int64()),
         ("snapshot_xmax", pa.int64()),
         ("snapshot_xip", pa.list_(pa.int64())),
+        (
+            "table_snapshot",
+            pa.struct(
+                [
+                    ("id", pa.string()),
+                    ("parts", pa.int32()),
+                    ("xmin", pa.int64()),
+                    ("xmax", pa.int64()),
+                    ("xip", pa.list_(pa.int64())),
+                ]
+            ),
+        ),
         ("high_watermark_lsn", pa.int64()),
         ("read_at", TS),
         ("writer_id", pa.string()),

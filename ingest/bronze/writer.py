@@ -265,6 +265,7 @@ class BronzeWriter(BronzeState):
         ingested = _now()
         read_at = datetime.fromtimestamp(page.read_at_us / 1_000_000, UTC)
         rows = page.rows or (None,)
+        table_snapshot = page.table_snapshot.to_struct() if page.table_snapshot is not None else None
         data = [
             {
                 "source": source,
@@ -281,6 +282,7 @@ class BronzeWriter(BronzeState):
                 "snapshot_xmin": page.xmin,
                 "snapshot_xmax": page.xmax,
                 "snapshot_xip": list(page.xip) if page.xip is not None else None,
+                "table_snapshot": table_snapshot,
                 "high_watermark_lsn": page.high_watermark_lsn,
                 "read_at": read_at,
                 "writer_id": writer_id,

@@ -53,6 +53,11 @@ def test_initial_snapshot_writes_keyset_pages_and_retires_its_writer(warehouse: 
     assert a[-1].key_text == ["25"]
     hws = sorted({r.high_watermark_lsn for r in a})
     assert len(hws) == 3 and all(r.snapshot_xmax >= r.snapshot_xmin > 0 for r in a)
+    # Unsplit: every page carries the one whole-table snapshot, its bound read under an older snapshot.
+    (whole,) = {json.dumps(r.table_snapshot, sort_keys=True) for r in a}
+    assert a[0].table_snapshot["id"] == a[0].snapshot_id and a[0].table_snapshot["parts"] == 1
+    assert all(a[0].table_snapshot["xmax"] <= r.snapshot_xmax for r in a), whole
+    assert all(r.table_snapshot["id"] == r.snapshot_id and r.table_snapshot["parts"] == 1 for r in got)
     b = [r for r in got if r.table_name == "b"]
     keys = [(json.loads(r.record_pk)["k1"], json.loads(r.record_pk)["k2"]) for r in b]
     assert keys == sorted(keys) and len(keys) == 7 and b[-1].last_page

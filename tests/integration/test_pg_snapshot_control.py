@@ -196,6 +196,7 @@ def test_a_filtered_snapshot_lands_only_its_rows_placed_like_any_page(tmp_path: 
     ids = [json.loads(r.record_pk)["id"] for r in rows]
     assert sorted(ids) == [g for g in range(1, 451) if g % 3 == 0], "exactly the rows the predicate selects, once"
     assert {r.snapshot_id[: len(FILTERED_SNAPSHOT_PREFIX)] for r in rows} == {FILTERED_SNAPSHOT_PREFIX}
+    assert all(r.table_snapshot is None for r in page_rows(warehouse, s.name)), "a filtered snapshot is not whole"
     pages = {r.page_number: r for r in page_rows(warehouse, s.name)}
     assert len(pages) == 4 and [n for n, r in pages.items() if r.last_page] == [3]
     assert all(r.snapshot_xmax is not None and r.high_watermark_lsn > before for r in pages.values())
@@ -210,6 +211,7 @@ def test_a_filtered_snapshot_lands_only_its_rows_placed_like_any_page(tmp_path: 
     capture_once(warehouse, s.config(snapshot={"page_rows": 600}), snapshots=True)
     whole = [r for r in snapshot_rows(warehouse, s.name) if not r.snapshot_id.startswith(FILTERED_SNAPSHOT_PREFIX)]
     assert sorted(json.loads(r.record_pk)["id"] for r in whole) == list(range(1, 601))
+    assert {(r.table_snapshot["id"], r.table_snapshot["parts"]) for r in whole} == {(whole[0].snapshot_id, 1)}
 
 
 def test_a_bad_predicate_is_refused_and_nothing_is_queued(tmp_path: Path, make_source: Any) -> None:

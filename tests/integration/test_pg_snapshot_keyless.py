@@ -198,11 +198,16 @@ def test_keyless_snapshot_resumes_by_ctid_and_starts_over_after_a_rewrite(wareho
 
     got, rows = completed_rows(warehouse, s.name, "crashed")
     assert len({r.snapshot_id for r in rows}) == 1, "resumed, not started again"
+    # The CTID bound (block count) was kept with its snapshot in the writer row: the same across the crash.
+    assert len({json.dumps(r.table_snapshot, sort_keys=True) for r in rows}) == 1
+    assert (rows[0].table_snapshot["id"], rows[0].table_snapshot["parts"]) == (rows[0].snapshot_id, 1)
+    assert all(rows[0].table_snapshot["xmax"] <= r.snapshot_xmax for r in rows)
     assert got == source_rows(s.conn, crashed)
     assert fired
     got, rows = completed_rows(warehouse, s.name, "rewritten")
     assert got == source_rows(s.conn, rewritten)
     assert len({r.snapshot_id for r in rows}) == 2, "the rewrite started a new snapshot"
+    assert all(r.table_snapshot["id"] == r.snapshot_id and r.table_snapshot["parts"] == 1 for r in rows)
     writers = read(warehouse / "bronze" / "stream_positions", f"source = '{s.name}'")
     assert [w.writer_id for w in writers] == ["stream"]
 

@@ -78,5 +78,17 @@ def test_tables_and_key_ranges_are_snapshotted_side_by_side(
     # Each range ends with its own last page; every snapshot writer retired.
     last = read(warehouse / "bronze" / "snapshot_pages", f"source = '{s.name}' and last_page and table_name = 'big'")
     assert len({r.snapshot_id for r in last}) == 3
+    # Every range's pages carry the first range's whole-table snapshot, taken before any page of them.
+    parent = min(ranges, key=lambda sid: min(ranges[sid]))
+    every_page = read(warehouse / "bronze" / "snapshot_pages", f"source = '{s.name}' and table_name = 'big'")
+    assert {json.dumps(r.table_snapshot, sort_keys=True) for r in every_page} == {
+        json.dumps(every_page[0].table_snapshot, sort_keys=True)
+    }
+    whole = every_page[0].table_snapshot
+    assert whole["id"] == parent and whole["parts"] == len({r.snapshot_id for r in every_page}) == 3
+    assert all(whole["xmax"] <= r.snapshot_xmax for r in every_page)
+    for r in rows:
+        if r.table_name != "big":
+            assert (r.table_snapshot["id"], r.table_snapshot["parts"]) == (r.snapshot_id, 1)
     writers = read(warehouse / "bronze" / "stream_positions", f"source = '{s.name}'")
     assert [w.writer_id for w in writers] == ["stream"]

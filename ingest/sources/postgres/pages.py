@@ -51,6 +51,8 @@ QUERY_CANCELED = b"57014"  # the check's statement_timeout ended it
 # A test (or an operator's debugging session) may run statements at moments of a page:
 # "before_read", "after_begin" (the page's snapshot is taken next) and "after_read".
 Hook = Callable[[str, "SnapshotTask", int], None]
+BEGIN_SNAPSHOT = b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+Xids = tuple[int, int, tuple[int, ...]]  # an MVCC snapshot: xmin, xmax, in-progress xids (64-bit)
 
 
 def tid_block(tid: str) -> int:
@@ -258,21 +260,36 @@ class PageReader:
         self._hook("before_read", task, page)
 
         def begin() -> None:
-            self._exec(b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            self._exec(BEGIN_SNAPSHOT)
             self._hook("after_begin", task, page)
 
+        xmin, xmax, xip = self._open_snapshot(begin)
+        return xmin, xmax, xip, int(time.time() * 1_000_000)
+
+    def _open_snapshot(self, begin: Callable[[], object]) -> Xids:
+        """Open a REPEATABLE READ transaction with `begin` and take its snapshot: (xmin, xmax, in-progress xids)."""
         if self.standby:
-            xmin, xmax, xip = read_standby_snapshot(self._exec, begin, lambda: self._exec(b"ROLLBACK"), self.src.name)
-            return xmin, xmax, xip, int(time.time() * 1_000_000)
+            return read_standby_snapshot(self._exec, begin, lambda: self._exec(b"ROLLBACK"), self.src.name)
         begin()
-        # The first statement takes the transaction's snapshot: the page reads under exactly it.
+        # The first statement takes the transaction's snapshot: what follows reads under exactly it.
         snap = self._exec(
             b"select pg_snapshot_xmin(s)::text, pg_snapshot_xmax(s)::text, "
             b"array_to_string(array(select pg_snapshot_xip(s)), ',') from pg_current_snapshot() s"
         )
         xmin, xmax = int(snap.get_value(0, 0) or b"0"), int(snap.get_value(0, 1) or b"0")
         xip_text = (snap.get_value(0, 2) or b"").decode()
-        return xmin, xmax, tuple(int(x) for x in xip_text.split(",") if x), int(time.time() * 1_000_000)
+        return xmin, xmax, tuple(int(x) for x in xip_text.split(",") if x)
+
+    def _read_bound(self, query: bytes, params: Sequence[bytes | None] = ()) -> tuple[pq.abc.PGresult, Xids]:
+        """Run a snapshot's bound query in its own REPEATABLE READ READ ONLY transaction; its result and snapshot.
+
+        The snapshot is taken before the query runs and before any page of the snapshot, so it is
+        older than every page's: a whole-table snapshot's pages carry it (`table_snapshot`).
+        """
+        xids = self._open_snapshot(lambda: self._exec(BEGIN_SNAPSHOT))
+        res = self._exec(query, params)
+        self._exec(b"COMMIT")
+        return res, xids
 
     def read_ctid_page(
         self, shape: TableShape, encoders: Sequence[Encoder], task: SnapshotTask, page: int, limit: int, max_bytes: int
@@ -325,14 +342,15 @@ class PageReader:
         res = self._exec(b"select pg_relation_filenode($1::regclass)::bigint", [ident.encode()])
         return int(res.get_value(0, 0) or b"0")
 
-    def ctid_bounds(self, shape: TableShape) -> tuple[int, int, int]:
-        """A keyless table's block count now (its rows' CTIDs are below it), file and rows per block.
+    def ctid_bounds(self, shape: TableShape) -> tuple[int, int, int, Xids]:
+        """A keyless table's block count now (its rows' CTIDs are below it), file, rows per block, and snapshot.
 
         Rows appended past the block count arrive by the stream, as rows above a keyset
-        snapshot's largest key do. Rows per block from the planner's statistics (1 if none).
+        snapshot's largest key do. Rows per block from the planner's statistics (1 if none). Read
+        in a REPEATABLE READ transaction whose snapshot (`_read_bound`) is returned with them.
         """
         ident = sql.Identifier(shape.schema, shape.name).as_string(None)
-        res = self._exec(
+        res, xids = self._read_bound(
             b"select pg_relation_size(c.oid) / current_setting('block_size')::bigint, "
             b"pg_relation_filenode(c.oid)::bigint, "
             b"case when c.relpages > 0 and c.reltuples > 0 then c.reltuples / c.relpages else 1 end "
@@ -343,6 +361,7 @@ class PageReader:
             int(res.get_value(0, 0) or b"0"),
             int(res.get_value(0, 1) or b"0"),
             int(float(res.get_value(0, 2) or b"1")),
+            xids,
         )
 
     def _fetch(
@@ -463,10 +482,11 @@ class PageReader:
                 "its last durable page with the new columns"
             )
 
-    def max_key(self, shape: TableShape, where: str | None = None) -> tuple[str, ...] | None:
-        """The table's largest key now (as key text), of the rows `where` selects; None if there is none.
+    def max_key(self, shape: TableShape, where: str | None = None) -> tuple[tuple[str, ...] | None, Xids]:
+        """The table's largest key now (as key text), of the rows `where` selects (None if there is none).
 
-        Read in a READ ONLY transaction: a filter's predicate never runs where it could write.
+        Read in a REPEATABLE READ READ ONLY transaction (a filter's predicate never runs where it
+        could write), whose snapshot (`_read_bound`) is returned with the key.
         """
         keys = [sql.Identifier(shape.columns[i]) for i in shape.key_positions]
         query = sql.SQL("select {} from {}{} order by {} limit 1").format(
@@ -475,12 +495,8 @@ class PageReader:
             sql.SQL(" where ") + filter_sql(where) if where is not None else sql.SQL(""),
             sql.SQL(", ").join(sql.SQL("{} desc").format(k) for k in keys),
         )
-        if where is not None:
-            self._exec(b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            res = self._exec(query.as_string(None).encode())
-            self._exec(b"COMMIT")
-            return self._first_key(res, len(keys))
-        return self._first_key(self._exec(query.as_string(None).encode()), len(keys))
+        res, xids = self._read_bound(query.as_string(None).encode())
+        return self._first_key(res, len(keys)), xids
 
     @staticmethod
     def _first_key(res: pq.abc.PGresult, width: int) -> tuple[str, ...] | None:
@@ -498,7 +514,7 @@ class PageReader:
         selective predicate on a large table) it is accepted: it ran without error so far.
         """
         query = sql.SQL("select 1 from {} where {} limit 1").format(shape.scan, filter_sql(where))
-        self._exec(b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        self._exec(BEGIN_SNAPSHOT)
         self._exec(b"SET LOCAL statement_timeout = %d" % FILTER_CHECK_TIMEOUT_MS)
         res = self.conn.exec_(query.as_string(None).encode())
         code = res.error_field(pq.DiagnosticField.SQLSTATE)

@@ -23,7 +23,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from psycopg import sql
@@ -32,7 +32,7 @@ from ingest import faults
 from ingest.bronze.writer import BronzeWriter
 from ingest.config import PostgresSource
 from ingest.errors import SourceError, SourceUnavailableError
-from ingest.events import SnapshotPage, SourceKind, WriterKind, WriterPosition
+from ingest.events import SnapshotPage, SourceKind, TableSnapshot, WriterKind, WriterPosition
 from ingest.positions import (
     FILTERED_SNAPSHOT_PREFIX,
     KeyValues,
@@ -45,7 +45,7 @@ from ingest.sources.postgres import native
 from ingest.sources.postgres.admin import PostgresAdmin
 from ingest.sources.postgres.catalog import TableShape, captured_shape, estimate_rows, table_shape
 from ingest.sources.postgres.filters import predicate_problem
-from ingest.sources.postgres.pages import Hook, PageReader, page_encoders
+from ingest.sources.postgres.pages import Hook, PageReader, Xids, page_encoders
 from ingest.sources.postgres.rereads import RereadKeys
 from ingest.sources.postgres.rows import json_keys
 from ingest.sources.postgres.values import TYPE_CATALOG_SQL, TypeCatalog
@@ -89,6 +89,10 @@ class SnapshotTask:
     span_blocks: int | None = None  # blocks a CTID page reads first (from the rows per block seen)
     paused: bool = False  # `snapshot pause`, as last read from its writer row: no page is started
     where: str | None = None  # a filtered snapshot: only the rows this predicate selects
+    # Reads the whole table (no `keys`, no `where`): its pages carry `table_snapshot`, decided when
+    # the bound is read (SnapshotProgress). Cleared for good when the table gains or loses its key.
+    whole: bool = False
+    table_snapshot: TableSnapshot | None = None
 
     @property
     def writer_id(self) -> str:
@@ -111,6 +115,8 @@ class SnapshotTask:
             self.relfilenode,
             self.paused,
             self.where,
+            self.whole,
+            self.table_snapshot,
         )
         return WriterPosition(
             source, self.writer_id, WriterKind.SNAPSHOT, self.durable_lsn, self.durable_lsn, progress.to_json()
@@ -137,6 +143,8 @@ class SnapshotTask:
             relfilenode=p.relfilenode,
             paused=p.paused,
             where=p.where,
+            whole=p.whole,
+            table_snapshot=p.table_snapshot,
         )
 
 
@@ -207,12 +215,12 @@ class Snapshotter:
         start = self._start_lsn(current_lsn)
         now = datetime.now(UTC)
         prefix = FILTERED_SNAPSHOT_PREFIX if where is not None else ""
-        new = [
-            SnapshotTask(
-                t, prefix + uuid.uuid4().hex, now, start, keys=keys[i] if keys is not None else None, where=where
-            )
-            for i, t in enumerate(tables)
-        ]
+        new = []
+        for i, table in enumerate(tables):
+            listed = keys[i] if keys is not None else None
+            whole = listed is None and where is None  # its pages carry the table snapshot (`table_snapshot`)
+            sid = prefix + uuid.uuid4().hex
+            new.append(SnapshotTask(table, sid, now, start, keys=listed, where=where, whole=whole))
         self.writer.raise_positions([(t.position(self.src.name), t.started_at) for t in new])
         with self._lock:
             self.tasks.extend(new)
@@ -356,6 +364,8 @@ class Snapshotter:
         if not cuts:
             return
         bounds = [*cuts, task.until]
+        # Every range's pages belong to the one whole-table snapshot `task` took the bound of.
+        whole = replace(task.table_snapshot, parts=len(bounds)) if task.table_snapshot is not None else None
         parts = [
             SnapshotTask(
                 task.table,
@@ -367,10 +377,12 @@ class Snapshotter:
                 until=hi,
                 bounded=True,
                 start=lo,
+                whole=task.whole,
+                table_snapshot=whole,
             )
             for lo, hi in zip(cuts, bounds[1:], strict=True)
         ]
-        task.until, task.estimated_rows = cuts[0], est // len(bounds)
+        task.until, task.estimated_rows, task.table_snapshot = cuts[0], est // len(bounds), whole
         with self._lock:
             self.writer.raise_positions(self._rows_of([task, *parts]))
             self.tasks.extend(parts)
@@ -403,13 +415,19 @@ class Snapshotter:
         if by_ctid != (task.relfilenode is not None):
             # The table lost or gained its key since the snapshot started (or a CTID snapshot's file
             # was never recorded): its cursor means nothing in the other order; read it all again.
+            if task.bounded or task.after is not None or task.relfilenode is not None:
+                # It had begun reading in the other order (a keyless table's keys are its every
+                # column): no page of it, from here on either, says it read the whole table.
+                task.whole, task.table_snapshot = False, None
             task.after, task.until, task.bounded, task.relfilenode = None, None, False, None
         if task.estimated_rows is None:
             task.estimated_rows = estimate_rows(admin, task.table)
         if by_ctid and not task.bounded:
             self._bound_by_ctid(task, reader, shape)
         elif not task.bounded and task.keys is None:
-            task.until, task.bounded = reader.max_key(shape, task.where), True
+            task.until, xids = reader.max_key(shape, task.where)
+            task.bounded = True
+            self._take_table_snapshot(task, xids)
             self._split(task, reader, shape)
         t0, rows0 = time.monotonic(), task.rows
         last_raise = 0.0
@@ -452,6 +470,7 @@ class Snapshotter:
                     read.xmin,
                     read.xmax,
                     read.xip,
+                    task.table_snapshot,
                 ),
             )
             faults.hit("snapshot_after_page_commit")
@@ -494,11 +513,22 @@ class Snapshotter:
         Recorded in the writer row before the first page: a snapshot resumed after a rewrite of
         the table (its CTIDs all new) must know, or it would go on at a TID that means other rows.
         """
-        end, task.relfilenode, per_block = reader.ctid_bounds(shape)
+        end, task.relfilenode, per_block, xids = reader.ctid_bounds(shape)
         task.until, task.bounded = (str(end),), True
+        self._take_table_snapshot(task, xids)
         task.span_blocks = max(1, self.page_rows // max(1, per_block))
         with self._lock:
             self.writer.raise_positions(self._rows_of([task]))
+
+    @staticmethod
+    def _take_table_snapshot(task: SnapshotTask, xids: Xids) -> None:
+        """A whole-table snapshot read its bound under `xids`: its pages carry that (one part so far).
+
+        Kept in the writer row with the bound (`_split`, `_bound_by_ctid`, the first raise); a
+        crash before that reads the bound again, and the later pages carry the new one.
+        """
+        if task.whole:
+            task.table_snapshot = TableSnapshot(task.snapshot_id, 1, *xids)
 
     def _start_over(self, task: SnapshotTask, filenode: int | None) -> None:
         """A keyless table was rewritten under its CTID snapshot: replace the snapshot by a new one.
@@ -510,7 +540,14 @@ class Snapshotter:
         again when it meets the new file.
         """
         prefix = FILTERED_SNAPSHOT_PREFIX if task.where is not None else ""
-        new = SnapshotTask(task.table, prefix + uuid.uuid4().hex, task.started_at, task.durable_lsn, where=task.where)
+        new = SnapshotTask(
+            task.table,
+            prefix + uuid.uuid4().hex,
+            task.started_at,
+            task.durable_lsn,
+            where=task.where,
+            whole=task.where is None,
+        )
         with self._lock:
             self.writer.raise_positions([(new.position(self.src.name), new.started_at)])
             self.writer.remove_writer(self.src.name, task.writer_id)
