@@ -106,13 +106,13 @@
     {%- endif -%}
     {%- if batch is not none -%}
         {#- Exact: a change above the fold's stored position of its source (an event above the max
-            seq, a snapshot row above the max commit_lsn), or any change of a source it has not
+            seq, a snapshot or absent row above the max commit_lsn), or any change of a source it has not
             stored. -#}
         {%- set alternatives = [] -%}
         {%- for stored in stored_rows -%}
             {%- do alternatives.append(
                 '(change_batch.source = ' ~ sql_literal(stored.source)
-                ~ " and case when change_batch.change_kind = 'snapshot' then change_batch.commit_lsn > "
+                ~ " and case when change_batch.change_kind in ('snapshot', 'absent') then change_batch.commit_lsn > "
                 ~ sql_literal(stored.get('max_commit_lsn'), 'bigint')
                 ~ ' else change_batch.seq > ' ~ sql_literal(stored.get('max_seq', 0), 'bigint') ~ ' end)') -%}
         {%- endfor -%}

@@ -18,6 +18,8 @@
           that keeps the last known values (the previous state's record, else the delete's
           old_record, which is the key columns unless REPLICA IDENTITY FULL);
         - truncate: tombstones a live row; an already deleted row keeps its own tombstone;
+        - absent (a live key a completed whole-table snapshot did not find, docs/snapshots.md):
+          the same as a truncate, with origin 'snapshot';
         - a key two rows hold at once inside a transaction (a deferrable key shifted, review W4):
           the state counts the holders (occupants); a delete or leave that leaves one keeps the
           record live at its position; an in-place update while two hold it sets needs_reread.

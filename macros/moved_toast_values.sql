@@ -94,6 +94,7 @@ moved_toast_earlier_changes as (
         cast(array() as array<string>) as unchanged_toast,
         false as is_arrival
     from {{ snapshot_rows }}
+    where record is not null
 
 ),
 

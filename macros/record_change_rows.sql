@@ -9,7 +9,9 @@
         - an insert or update upserts its key (change_kind 'upsert'); a delete tombstones it, and
           so does a primary-key change for its old key ('delete'; its change_action is 'delete',
           what record_history's started_by / ended_by says);
-        - a placed snapshot row is a 'snapshot' change at its position;
+        - a placed snapshot row is a 'snapshot' change at its position; an absent row (a key a
+          completed whole-table snapshot did not find, no record) is an 'absent' change, which
+          tombstones a live key like a truncate;
         - a truncate is one 'truncate' row per truncated table, with a null record_pk: each fold
           expands it to the keys it holds (macro keyed_record_changes).
         occupancy_delta counts the rows a change brings onto (+1) or takes off (-1) the key.
@@ -66,8 +68,8 @@
         placed.table_schema,
         placed.table_name,
         placed.record_pk,
-        'snapshot' as change_kind,
-        'snapshot' as change_action,
+        case when placed.record is null then 'absent' else 'snapshot' end as change_kind,
+        case when placed.record is null then 'absent' else 'snapshot' end as change_action,
         placed.commit_lsn,
         placed.commit_index,
         cast(null as bigint) as seq,

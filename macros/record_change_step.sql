@@ -122,7 +122,7 @@
                     'updated_at', change.commit_timestamp,
                     'occupants', 0
                 )
-            when change.change_kind = 'truncate' and state.is_present and not state.deleted
+            when change.change_kind in ('truncate', 'absent') and state.is_present and not state.deleted
                 then named_struct(
                     'is_present', true,
                     'record', state.record,
@@ -132,7 +132,7 @@
                     'commit_lsn', change.commit_lsn,
                     'commit_index', change.commit_index,
                     'seq', change.seq,
-                    'origin', 'stream',
+                    'origin', case when change.change_kind = 'absent' then 'snapshot' else 'stream' end,
                     'updated_at', change.commit_timestamp,
                     'occupants', 0
                 )

@@ -8,7 +8,11 @@
           between the highest placed one and the safe bound (none when placed_rows is none);
         - page_events_filter: a predicate on alias sequin_events keeping, per source, events at or
           below the highest watermark of those new pages, the only events that can supersede a
-          page row (none when placed_rows is none; `false` when there is no new page).
+          page row (none when placed_rows is none; `false` when there is no new page);
+        - completed_tables: the tables (rows of source, table_schema, table_name) with a
+          whole-table snapshot's last page between those bounds, the only tables a snapshot can
+          complete for this run (none when placed_rows is none: every table is looked at; an
+          empty list: the model leaves out its search for absent keys).
         The model's joins still decide exactly; the literals only prune.
     -#}
     {%- set placed_positions_query -%}
@@ -23,6 +27,7 @@
         'placed_rows': none,
         'new_pages_filter': none,
         'page_events_filter': none,
+        'completed_tables': none,
     } -%}
     {#- A model skipped because nothing is new runs no lookup either (changelake_skip_reason). -#}
     {%- if is_incremental() and changelake_skip_reason() is none -%}
@@ -39,10 +44,19 @@
                 group by snapshot_pages.source
             {%- endset -%}
             {%- set page_event_ranges = query_rows_at_execution(page_bounds_query) -%}
+            {%- set completed_tables_query -%}
+                select distinct snapshot_pages.source, snapshot_pages.table_schema, snapshot_pages.table_name
+                from {{ source('bronze', 'snapshot_pages') }} as snapshot_pages
+                where
+                    {{ new_pages_filter }}
+                    and snapshot_pages.last_page
+                    and snapshot_pages.table_snapshot is not null
+            {%- endset -%}
             {%- do bounds.update({
                 'placed_rows': placed_rows,
                 'new_pages_filter': new_pages_filter,
                 'page_events_filter': source_ranges_predicate('sequin_events', 'commit_lsn', page_event_ranges),
+                'completed_tables': query_rows_at_execution(completed_tables_query),
             }) -%}
         {%- endif -%}
     {%- endif -%}

@@ -11,8 +11,14 @@
 -- position (high watermark, row index). A placement is final once usable: every stream event that
 -- can supersede a row commits at or before its watermark, so it is in sequin_events by then
 -- (DESIGN §4). Each run appends the rows of the pages that became usable since the last run.
+-- A whole-table snapshot whose last watermark the safe bound passes also places the keys it did
+-- not find (docs/snapshots.md, "Re-snapshots find deletes"): one absent row per such key, a
+-- tombstone at the snapshot's last watermark, and one completion row for the snapshot.
 
 {%- set bounds = snapshot_rows_placed_scan_bounds() %}
+{#- Looked for only when a whole-table snapshot may have completed (none: a full build, a unit test). -#}
+{%- set finds_absent = bounds.completed_tables is none or bounds.completed_tables | length > 0 %}
+{%- set table_identity = ['source', 'table_schema', 'table_name'] %}
 
 with
 
@@ -153,7 +159,7 @@ superseded_page_rows as (
 
 ),
 
-final as (
+placed_page_rows as (
 
     -- Surviving page rows take the position (high watermark, row index in page); a MongoDB page
     -- row sits after every event at its cluster time.
@@ -179,6 +185,346 @@ final as (
             and usable_page_rows.snapshot_id = superseded_page_rows.snapshot_id
             and usable_page_rows.page_number = superseded_page_rows.page_number
             and usable_page_rows.row_index = superseded_page_rows.row_index
+
+),
+
+{% if finds_absent %}
+    whole_table_part_ends as (
+
+        -- The last page of each part of a whole-table snapshot (bronze table_snapshot: a snapshot of
+        -- the whole table, cut into `parts` key ranges, each a snapshot of its own; re-reads by key
+        -- and filtered snapshots have none).
+        select distinct
+            part_ends.source,
+            part_ends.table_schema,
+            part_ends.table_name,
+            part_ends.table_snapshot.id as table_snapshot_id,
+            part_ends.table_snapshot.parts as table_snapshot_parts,
+            part_ends.snapshot_id,
+            part_ends.high_watermark_lsn,
+            part_ends.read_at
+        from snapshot_pages as part_ends
+        where
+            part_ends.last_page
+            and part_ends.table_snapshot is not null
+        {% if bounds.completed_tables is not none %}
+                and {{ partitions_predicate('part_ends', table_identity, bounds.completed_tables) }}
+            {% endif %}
+
+    ),
+
+    newly_completed_snapshots as (
+
+        -- Whole-table snapshots whose every part completed, the first time the safe bound passes
+        -- their last watermark: every event at or below it is in sequin_events.
+        select
+            part_ends.source,
+            part_ends.table_schema,
+            part_ends.table_name,
+            part_ends.table_snapshot_id,
+            max(part_ends.high_watermark_lsn) as completed_lsn,
+            max(part_ends.read_at) as completed_at
+        from whole_table_part_ends as part_ends
+        inner join safe_bounds
+            on part_ends.source = safe_bounds.source
+        {% if is_incremental() %}
+            left join placed_positions
+                on part_ends.source = placed_positions.source
+        {% endif %}
+        group by
+            part_ends.source,
+            part_ends.table_schema,
+            part_ends.table_name,
+            part_ends.table_snapshot_id
+        having
+            count(distinct part_ends.snapshot_id) = max(part_ends.table_snapshot_parts)
+            and max(part_ends.high_watermark_lsn) <= max(safe_bounds.safe_lsn)
+        {% if is_incremental() %}
+            and (
+                max(placed_positions.max_commit_lsn) is null
+                or max(part_ends.high_watermark_lsn) > max(placed_positions.max_commit_lsn)
+            )
+        {% endif %}
+
+    ),
+
+    completed_snapshot_pages as (
+
+        -- Every page row of those snapshots (superseded or not: a superseded row's key was there).
+        select
+            completed.source,
+            completed.table_snapshot.id as table_snapshot_id,
+            completed.record_pk,
+            completed.table_snapshot
+        from snapshot_pages as completed
+        inner join newly_completed_snapshots
+            on
+                completed.source = newly_completed_snapshots.source
+                and completed.table_schema = newly_completed_snapshots.table_schema
+                and completed.table_name = newly_completed_snapshots.table_name
+                and completed.table_snapshot.id = newly_completed_snapshots.table_snapshot_id
+
+    ),
+
+    -- The stream's events of those tables, by the key they touch.
+    table_key_events as (
+
+        {{ event_keys(
+            'sequin_events',
+            [
+                'source', 'table_schema', 'table_name', 'action', 'commit_lsn', 'commit_index',
+                'transaction_id',
+            ],
+            none if bounds.completed_tables is none
+            else partitions_predicate('sequin_events', table_identity, bounds.completed_tables),
+        ) }}
+
+    ),
+
+    key_changes as (
+
+        -- What silver knows of each key of those tables, by position: the stream's events and the
+        -- page rows placed (this run's and earlier ones). Absent rows placed before are left out,
+        -- as a full build could not see them: a key they tombstoned gets another, which changes
+        -- nothing, and the rows do not depend on when the run happens.
+        select
+            source,
+            table_schema,
+            table_name,
+            record_pk,
+            commit_lsn,
+            commit_index,
+            action = 'delete' or is_old_key as removes
+        from table_key_events
+        union all
+        select
+            source,
+            table_schema,
+            table_name,
+            record_pk,
+            commit_lsn,
+            commit_index,
+            false as removes
+        from placed_page_rows
+        where not is_superseded
+        {% if is_incremental() %}
+            union all
+            select
+                placed.source,
+                placed.table_schema,
+                placed.table_name,
+                placed.record_pk,
+                placed.commit_lsn,
+                placed.commit_index,
+                false as removes
+            from {{ this }} as placed
+            where
+                not placed.is_superseded
+                and placed.record is not null
+                {% if bounds.completed_tables is not none %}
+                    and {{ partitions_predicate('placed', table_identity, bounds.completed_tables) }}
+                {% endif %}
+        {% endif %}
+
+    ),
+
+    truncated_tables as (
+
+        -- The stream's truncates, one row per table each truncated.
+        select
+            truncating.source,
+            truncating.commit_lsn,
+            truncating.commit_index,
+            truncated.truncated_table
+        from sequin_events as truncating
+            lateral view explode(truncating.truncated_tables) truncated as truncated_table
+        where truncating.action = 'truncate'
+
+    ),
+
+    last_truncates as (
+
+        -- The last truncate of the table at or below each completion: it ended every key before it.
+        select
+            newly_completed_snapshots.source,
+            newly_completed_snapshots.table_snapshot_id,
+            max(named_struct(
+                'commit_lsn', truncated_tables.commit_lsn, 'commit_index', truncated_tables.commit_index
+            )) as truncated_at
+        from truncated_tables
+        inner join newly_completed_snapshots
+            on
+                truncated_tables.source = newly_completed_snapshots.source
+                and truncated_tables.truncated_table
+                = concat(newly_completed_snapshots.table_schema, '.', newly_completed_snapshots.table_name)
+        where truncated_tables.commit_lsn <= newly_completed_snapshots.completed_lsn
+        group by newly_completed_snapshots.source, newly_completed_snapshots.table_snapshot_id
+
+    ),
+
+    live_keys as (
+
+        -- Per completed snapshot, the keys of its table that the last change silver knows of at or
+        -- below the completion leaves live (not a delete, and after the table's last truncate):
+        -- only what the run could see then, so any later run finds the same.
+        select
+            newly_completed_snapshots.source,
+            newly_completed_snapshots.table_schema,
+            newly_completed_snapshots.table_name,
+            newly_completed_snapshots.table_snapshot_id,
+            newly_completed_snapshots.completed_lsn,
+            newly_completed_snapshots.completed_at,
+            key_changes.record_pk
+        from key_changes
+        inner join newly_completed_snapshots
+            on
+                key_changes.source = newly_completed_snapshots.source
+                and key_changes.table_schema = newly_completed_snapshots.table_schema
+                and key_changes.table_name = newly_completed_snapshots.table_name
+        left join last_truncates
+            on
+                newly_completed_snapshots.source = last_truncates.source
+                and newly_completed_snapshots.table_snapshot_id = last_truncates.table_snapshot_id
+        where key_changes.commit_lsn <= newly_completed_snapshots.completed_lsn
+        group by
+            newly_completed_snapshots.source,
+            newly_completed_snapshots.table_schema,
+            newly_completed_snapshots.table_name,
+            newly_completed_snapshots.table_snapshot_id,
+            newly_completed_snapshots.completed_lsn,
+            newly_completed_snapshots.completed_at,
+            key_changes.record_pk
+        having
+            not max_by(
+                key_changes.removes,
+                named_struct('commit_lsn', key_changes.commit_lsn, 'commit_index', key_changes.commit_index)
+            )
+            and (
+                max(last_truncates.truncated_at) is null
+                or max(named_struct('commit_lsn', key_changes.commit_lsn, 'commit_index', key_changes.commit_index))
+                > max(last_truncates.truncated_at)
+            )
+
+    ),
+
+    absent_keys as (
+
+        -- Live keys of the table that no page of the completed snapshot holds.
+        select live_keys.*
+        from live_keys
+        left anti join completed_snapshot_pages
+            on
+                live_keys.source = completed_snapshot_pages.source
+                and live_keys.table_snapshot_id = completed_snapshot_pages.table_snapshot_id
+                and live_keys.record_pk = completed_snapshot_pages.record_pk
+
+    ),
+
+    bound_snapshots as (
+
+        -- The MVCC snapshot each completed snapshot read its bound under, before any of its pages.
+        select distinct
+            completed_snapshot_pages.source,
+            completed_snapshot_pages.table_snapshot_id,
+            completed_snapshot_pages.table_snapshot.xmin as snapshot_xmin,
+            completed_snapshot_pages.table_snapshot.xmax as snapshot_xmax,
+            completed_snapshot_pages.table_snapshot.xip as snapshot_xip
+        from completed_snapshot_pages
+
+    ),
+
+    changed_while_read as (
+
+        -- An absent key that an event the bound's snapshot could not see touched at or before the
+        -- completion may have been written after the page of its range was read: left alone. An
+        -- event after the completion orders after the tombstone anyway.
+        select distinct
+            absent_keys.source,
+            absent_keys.table_snapshot_id,
+            absent_keys.record_pk
+        from absent_keys
+        inner join table_key_events
+            on
+                absent_keys.source = table_key_events.source
+                and absent_keys.table_schema = table_key_events.table_schema
+                and absent_keys.table_name = table_key_events.table_name
+                and absent_keys.record_pk = table_key_events.record_pk
+        inner join bound_snapshots
+            on
+                absent_keys.source = bound_snapshots.source
+                and absent_keys.table_snapshot_id = bound_snapshots.table_snapshot_id
+        where
+            table_key_events.commit_lsn <= absent_keys.completed_lsn
+            and not {{ pg_xid_visible(
+                'table_key_events.transaction_id',
+                'bound_snapshots.snapshot_xmin',
+                'bound_snapshots.snapshot_xmax',
+                'bound_snapshots.snapshot_xip'
+            ) }}
+
+    ),
+
+    absent_rows as (
+
+        -- A tombstone at the completion's position, after every page row and event at it.
+        select
+            absent_keys.source,
+            absent_keys.table_snapshot_id as snapshot_id,
+            cast(-1 as bigint) as page_number,
+            cast(
+                row_number() over (
+                    partition by absent_keys.source, absent_keys.table_snapshot_id
+                    order by absent_keys.record_pk
+                ) - 1 as int
+            ) as row_index,
+            absent_keys.table_schema,
+            absent_keys.table_name,
+            absent_keys.record_pk,
+            cast(null as string) as record,
+            false as is_superseded,
+            absent_keys.completed_lsn as commit_lsn,
+            2147483647 as commit_index,
+            absent_keys.completed_at as read_at
+        from absent_keys
+        left anti join changed_while_read
+            on
+                absent_keys.source = changed_while_read.source
+                and absent_keys.table_snapshot_id = changed_while_read.table_snapshot_id
+                and absent_keys.record_pk = changed_while_read.record_pk
+
+    ),
+
+    completion_rows as (
+
+        -- One row per completed snapshot: it moves the placed position past the completion even
+        -- when its last page held no row, so the next run does not look again. Never folded.
+        select
+            source,
+            table_snapshot_id as snapshot_id,
+            cast(-1 as bigint) as page_number,
+            -1 as row_index,
+            table_schema,
+            table_name,
+            cast(null as string) as record_pk,
+            cast(null as string) as record,
+            true as is_superseded,
+            completed_lsn as commit_lsn,
+            2147483647 as commit_index,
+            completed_at as read_at
+        from newly_completed_snapshots
+
+    ),
+{% endif %}
+
+final as (
+
+    select * from placed_page_rows
+    {% if finds_absent %}
+        union all
+        select * from absent_rows
+        union all
+        select * from completion_rows
+    {% endif %}
 
 )
 

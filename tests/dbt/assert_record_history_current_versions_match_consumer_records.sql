@@ -99,7 +99,7 @@ tombstone_mismatches as (
         consumer_records.deleted
         and (
             last_versions.is_current
-            or last_versions.ended_by not in ('delete', 'truncate')
+            or last_versions.ended_by not in ('delete', 'truncate', 'absent')
             -- At or before the tombstone: a later delete of the deleted key (synthetic data, e.g.
             -- bench/) moves consumer_records' tombstone but ends no version.
             or last_versions.valid_to_lsn > consumer_records.commit_lsn

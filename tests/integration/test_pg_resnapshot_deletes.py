@@ -21,7 +21,7 @@ from ingest.bronze.writer import BronzeWriter
 from ingest.sources.postgres.snapshot import request_snapshot
 from tests.helpers.delta_rows import read
 from tests.helpers.pg import bronze_events, capture_once, prepare
-from tests.helpers.silver import NO_UNIT_TESTS, dbt, silver, source_rows
+from tests.helpers.silver import NO_UNIT_TESTS, dbt, frozen, silver, source_rows
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("engine")]
 
@@ -71,9 +71,10 @@ def test_a_re_snapshot_tombstones_the_keys_lost_changes_deleted(warehouse: Path,
     request_snapshot(src, writer, f"{s.schema}.items")
     request_snapshot(src, writer, f"{s.schema}.notes")
     capture_once(warehouse, src, snapshots=True, page_rows=400)
-    # The stream goes on after the re-snapshot: a delete and an insert it carries.
+    # The stream goes on after the re-snapshot: a delete and inserts it carries, one of a key it
+    # tombstones.
     s.execute("delete from items where id = 4")
-    s.execute(f"insert into items values ({ROWS + 2}, 'streamed')")
+    s.execute(f"insert into items values ({ROWS + 2}, 'streamed'), (1, 'back')")
     capture_once(warehouse, src)
     dbt(warehouse, "build", *NO_UNIT_TESTS)
 
@@ -87,7 +88,8 @@ def test_a_re_snapshot_tombstones_the_keys_lost_changes_deleted(warehouse: Path,
     notes_keys = ["v", "n"]
     assert _live(warehouse, s.name, "notes") == source_rows(s, "notes", notes_keys)
     recs = {(r.table_name, r.record_pk): r for r in silver(warehouse, "consumer_records") if r.source == s.name}
-    for pk in ['{"id":1}', '{"id":1500}', '{"id":2999}']:
+    assert not recs[("items", '{"id":1}')].deleted and recs[("items", '{"id":1}')].origin == "stream"
+    for pk in ['{"id":1500}', '{"id":2999}']:
         assert recs[("items", pk)].deleted and recs[("items", pk)].origin == "snapshot", pk
     assert recs[("items", '{"id":4}')].deleted and recs[("items", '{"id":4}')].origin == "stream"
     assert recs[("notes", '{"v":"a","n":1}')].deleted
@@ -99,12 +101,15 @@ def test_a_re_snapshot_tombstones_the_keys_lost_changes_deleted(warehouse: Path,
         ("items", '{"id":2999}'),
         ("notes", '{"v":"a","n":1}'),
     ]
-    history = [
-        r
-        for r in silver(warehouse, "record_history")
-        if r.source == s.name and r.table_name == "items" and r.record_pk == '{"id":1500}'
+    history = sorted(
+        (r for r in silver(warehouse, "record_history") if r.source == s.name and r.table_name == "items"),
+        key=lambda r: (r.valid_from_lsn, r.valid_from_index),
+    )
+    assert [(h.started_by, h.ended_by) for h in history if h.record_pk == '{"id":1500}'] == [("snapshot", "absent")]
+    assert [(h.started_by, h.ended_by) for h in history if h.record_pk == '{"id":1}'] == [
+        ("snapshot", "absent"),
+        ("insert", None),
     ]
-    assert [(h.started_by, h.ended_by) for h in history] == [("snapshot", "absent")]
 
     # Another run places nothing again: the completion is looked at once.
     s.execute("update items set v = 'later' where id = 5")
@@ -112,3 +117,10 @@ def test_a_re_snapshot_tombstones_the_keys_lost_changes_deleted(warehouse: Path,
     dbt(warehouse, "build", *NO_UNIT_TESTS)
     assert len(_absent_rows(warehouse, s.name)) == len(absent)
     assert _live(warehouse, s.name, "items") == source_rows(s, "items", ["id"])
+
+    # DESIGN invariant 5: a full refresh from bronze gives the same silver, absent rows included
+    # (the rule reads only what is at or below each completion).
+    models = ("snapshot_rows_placed", "consumer_records", "record_history")
+    incremental = {m: frozen(silver(warehouse, m)) for m in models}
+    dbt(warehouse, "run", "--select", "silver", "--full-refresh")
+    assert {m: frozen(silver(warehouse, m)) for m in models} == incremental
