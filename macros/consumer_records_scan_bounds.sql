@@ -5,7 +5,9 @@
         folded, the snapshot rows already folded and the stored partitions the run does not touch.
         record_history passes its own stored_positions_query (same columns: source, max_seq,
         max_commit_lsn). Returns a dict:
-        - stored_positions_query: per source the max seq and max commit_lsn stored in {{ this }};
+        - stored_positions_query: the caller's query of its stored max seq and max commit_lsn per
+          source (consumer_records and record_history pass one; model record_changes passes its
+          stored_rows instead and gets none);
         - stored_rows: its rows, or none (a full build, parse time, unit tests);
         and, when stored_rows is not none:
         - stored_sources_events_filter / other_sources_events_filter: predicates on alias
@@ -38,17 +40,6 @@
         and old_record_pk != record_pk
         and size(unchanged_toast) > 0
     {%- endset -%}
-    {%- set own_positions_query -%}
-        -- Every applied event left its seq on some row, so events up to the source's max seq here
-        -- are folded in; likewise the placed snapshot rows up to its max commit_lsn.
-        select
-            source,
-            max(seq) as max_seq,
-            max(commit_lsn) as max_commit_lsn
-        from {{ this }}
-        group by source
-    {%- endset -%}
-    {%- set stored_positions_query = own_positions_query if stored_positions_query is none else stored_positions_query -%}
     {%- set bounds = {'stored_positions_query': stored_positions_query, 'stored_rows': none, 'moves_toast': true} -%}
     {#- A model skipped because nothing is new runs no lookup either (changelake_skip_reason). -#}
     {%- if is_incremental() and changelake_skip_reason() is not none -%}
@@ -60,7 +51,8 @@
     {%- elif batch is not none -%}
         {%- set stored_rows = batch.stored_rows -%}
     {%- else -%}
-        {%- set stored_rows = query_rows_at_execution(stored_positions_query) if is_incremental() else none -%}
+        {%- set stored_rows = query_rows_at_execution(stored_positions_query)
+            if is_incremental() and stored_positions_query is not none else none -%}
     {%- endif -%}
     {%- if stored_rows is none -%}
         {#- A full build reads every event: one look for a key change with unchanged TOAST, when
