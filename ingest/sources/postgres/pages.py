@@ -239,17 +239,18 @@ class PageReader:
         text = query.as_string(None)
         xmin, xmax, xip, read_at_us = self._begin(task, page)
         if copy:
-            rows, cut = self._copy(text.encode(), shape, encoders, compiled, max_bytes)
+            rows, cut, size = self._copy(text.encode(), shape, encoders, compiled, max_bytes)
             # A page its byte budget sized below the row limit has rows after it, as a cut one does.
             cut = cut or (limit < rows_limit and len(rows) == limit)
         else:
-            rows, cut = self._fetch(text.encode(), params, shape, encoders, limit, max_bytes)
+            rows, cut, size = self._fetch(text.encode(), params, shape, encoders, limit, max_bytes)
         if task.keys is not None and keyless_keys:
             # A key with an array matched its other columns only: keep the rows keyed exactly as asked.
             wanted = set(task.keys)
             rows = [r for r in rows if key_values(r.record_pk) in wanted]
+            size = sum(len(r.record) for r in rows)
         if rows:
-            task.record_chars = sum(len(r.record) for r in rows) / len(rows)
+            task.record_chars = size / len(rows)
         self._check_types(shape)
         self._exec(b"COMMIT")
         self._hook("after_read", task, page)
@@ -320,7 +321,8 @@ class PageReader:
                 cols, shape.scan, lower, sql.Literal(f"({hi},0)"), sql.Literal(limit - len(rows))
             )
             before = len(rows)
-            rows, cut = self._fetch(query.as_string(None).encode(), (), shape, encoders, limit, max_bytes, rows, True)
+            text = query.as_string(None).encode()
+            rows, cut, _ = self._fetch(text, (), shape, encoders, limit, max_bytes, rows, True)
             self._exec(b"CLOSE " + PAGE_CURSOR)
             if cut or len(rows) >= limit:
                 after, cut = rows[-1].key_text[0], True
@@ -374,13 +376,13 @@ class PageReader:
         max_bytes: int,
         rows: list[SnapshotRow] | None = None,
         tid: bool = False,
-    ) -> tuple[list[SnapshotRow], bool]:
+    ) -> tuple[list[SnapshotRow], bool, int]:
         """The page's rows, read through a cursor until `limit` rows or `max_bytes` of record JSON.
 
         One result of `limit` wide rows would hold them all at once (10k rows of 1 MB: 10 GB), so
         the rows come in fetches sized from the rows seen so far, and the page ends before the row
         that would take it past `max_bytes` (a first row wider than that is a page alone). Returns
-        the rows and whether the byte budget ended the page (then more rows follow).
+        the rows, whether the byte budget ended the page (then more rows follow) and their record JSON length.
 
         `rows`: the page's rows so far, which the new ones follow (and count in both limits). With
         `tid`, the query selects `ctid` after the columns: it is the row's `key_text` (CTID pages).
@@ -398,7 +400,7 @@ class PageReader:
                 values = [None if (v := res.get_value(r, c)) is None else bytes(v) for c in width]
                 record, _ = encode_record(table, keys_json, encoders, shape.columns, values)
                 if rows and size + len(record) > max_bytes:
-                    return rows, True
+                    return rows, True, size
                 record_pk = encode_key(table, keys_json, encoders, shape.key_positions, values)
                 if tid:
                     key_text: tuple[str, ...] = (bytes(res.get_value(r, len(width)) or b"").decode(),)
@@ -412,11 +414,11 @@ class PageReader:
             # most FETCH_GROWTH at a time (a narrow first row says little about the next ones).
             room = max(1, (max_bytes - size) * len(rows) // max(size, 1))
             want = min(limit - len(rows), room, FETCH_GROWTH * len(rows))
-        return rows, False
+        return rows, False, size
 
     def _copy(
         self, query: bytes, shape: TableShape, encoders: Sequence[Encoder], compiled: Any, max_bytes: int
-    ) -> tuple[list[SnapshotRow], bool]:
+    ) -> tuple[list[SnapshotRow], bool, int]:
         """The page's rows by `COPY (query) TO STDOUT`, encoded COPY_CHUNK_ROWS lines at a time.
 
         The compiled encoder takes each buffer; one it refuses is encoded in Python (copy_text.py),
@@ -430,13 +432,13 @@ class PageReader:
         table = f"{shape.schema}.{shape.name}"
         keys_json = json_keys(shape.columns)
         rows: list[SnapshotRow] = []
-        lines: list[bytes] = []
+        lines: list[memoryview | bytes] = []
         buffered = size = 0
         cut = False
         while True:
             n, data = self.conn.get_copy_data(0)
             if n >= 0 and not cut:
-                lines.append(bytes(data))
+                lines.append(data)  # a view of libpq's buffer, freed with it: joined below, not copied first
                 buffered += n
             if lines and (n < 0 or len(lines) >= COPY_CHUNK_ROWS or buffered >= COPY_CHUNK_BYTES):
                 buf = b"".join(lines)
@@ -445,17 +447,22 @@ class PageReader:
                     got = [SnapshotRow(pk, rec, tuple(key)) for pk, rec, key in compiled.copy_page_of(buf)]
                 except ValueError:
                     got = copy_text.page_rows(table, keys_json, encoders, shape.columns, shape.key_positions, buf)
-                for row in got:
-                    if rows and size + len(row.record) > max_bytes:
-                        cut = True
-                        break
-                    rows.append(row)
-                    size += len(row.record)
+                widths = [len(row.record) for row in got]
+                if size + sum(widths) <= max_bytes:  # the whole buffer fits: no row-by-row check
+                    rows.extend(got)
+                    size += sum(widths)
+                else:
+                    for row, width in zip(got, widths, strict=True):
+                        if rows and size + width > max_bytes:
+                            cut = True
+                            break
+                        rows.append(row)
+                        size += width
             if n < 0:
                 break
         while (end := self.conn.get_result()) is not None:
             self._exec_result(end)
-        return rows, cut
+        return rows, cut, size
 
     def _check_types(self, shape: TableShape) -> None:
         """Fail the page (transiently) if a column's type is not the one its encoder was made for.
