@@ -34,7 +34,13 @@ def copy_data_dir(src: Path, dst: Path) -> None:
 
 
 class ScratchCluster:
-    """Owns one cluster in a temporary state directory on its own port; `remove()` deletes it."""
+    """Owns one cluster in a temporary state directory on its own port; `remove()` deletes it.
+
+    Tests give fixed ports below the kernel's ephemeral range (32768-60999 by default): a port in
+    it can be taken at any moment by a socket bound to port 0, such as the random listen ports of
+    the Spark JVMs the other test worker runs, and the cluster then fails to start (it did, once,
+    in a full suite: "could not bind IPv4 address: Address already in use").
+    """
 
     def __init__(self, port: int, major: int | None = None) -> None:
         """Create and start the cluster (initdb on first start, `wal_level = logical`).
@@ -51,8 +57,15 @@ class ScratchCluster:
 
     def _pg(self, command: str) -> str:
         out = subprocess.run(
-            ["bash", str(ROOT / "scripts/pg.sh"), command], env=self.env, check=True, capture_output=True, text=True
+            ["bash", str(ROOT / "scripts/pg.sh"), command], env=self.env, capture_output=True, text=True
         )
+        if out.returncode != 0:  # say why: the server's log holds the reason pg_ctl gives none for
+            log = self.state / "pgdata" / "server.log"
+            tail = log.read_text(errors="replace").splitlines()[-5:] if log.exists() else []
+            raise RuntimeError(
+                f"scripts/pg.sh {command} (port {self.env['CHANGELAKE_PG_PORT']}) exited {out.returncode}: "
+                f"{out.stderr.strip()} {' | '.join(tail)}"
+            )
         return out.stdout
 
     def stop(self) -> None:

@@ -99,7 +99,7 @@ def test_failed_delta_commit_does_not_advance_the_slot(warehouse: Path, make_sou
 @pytest.fixture(scope="module")
 def scratch_cluster() -> Iterator[ScratchCluster]:
     """A second, throwaway PostgreSQL cluster whose settings the tests may break."""
-    cluster = ScratchCluster(54339)
+    cluster = ScratchCluster(25339)
     yield cluster
     cluster.remove()
 

@@ -31,7 +31,7 @@ from tests.helpers.scratch_pg import ScratchCluster, pg_bindir
 pytestmark = pytest.mark.integration
 
 FAILOVER_MAJOR = 17  # the first with failover slots
-PRIMARY_PORT, STANDBY_PORT = 54387, 54388
+PRIMARY_PORT, STANDBY_PORT = 25387, 25388
 STANDBY_SLOT = "changelake_failover_standby"
 SYNC_TIMEOUT_S = 30
 TABLES_SQL = "create table acct (id int primary key, owner text)"

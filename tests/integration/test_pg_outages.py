@@ -70,7 +70,7 @@ def test_a_terminated_walsender_is_reconnected(tmp_path: Path, make_source: Any)
 
 @pytest.fixture
 def scratch() -> Iterator[ScratchCluster]:
-    cluster = ScratchCluster(54341)
+    cluster = ScratchCluster(25341)
     yield cluster
     cluster.remove()
 
@@ -200,7 +200,7 @@ def sigterm_and_time(proc: subprocess.Popen[bytes], limit: float) -> tuple[int |
 
 @pytest.fixture
 def sync_scratch() -> Iterator[ScratchCluster]:
-    cluster = ScratchCluster(54371)
+    cluster = ScratchCluster(25371)
     yield cluster
     cluster.remove()
 

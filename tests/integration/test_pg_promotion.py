@@ -30,7 +30,7 @@ from tests.helpers.scratch_pg import ScratchCluster, copy_data_dir
 
 pytestmark = pytest.mark.integration
 
-PRIMARY_PORT, STANDBY_PORT = 54361, 54362
+PRIMARY_PORT, STANDBY_PORT = 25361, 25362
 CATCH_UP_TIMEOUT_S = 30
 
 

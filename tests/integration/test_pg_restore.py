@@ -25,7 +25,7 @@ from tests.helpers.scratch_pg import ScratchCluster, copy_data_dir
 
 pytestmark = pytest.mark.integration
 
-PORT = 54347
+PORT = 25347
 
 
 @pytest.fixture

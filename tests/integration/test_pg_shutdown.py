@@ -118,7 +118,7 @@ def test_a_fast_restart_of_the_source_does_not_wait_for_ingest(tmp_path: Path) -
     from ingest.config import PostgresSource
     from tests.helpers.scratch_pg import ScratchCluster
 
-    cluster = ScratchCluster(54372)
+    cluster = ScratchCluster(25372)
     proc: subprocess.Popen[str] | None = None
     try:
         with psycopg.connect(cluster.dsn, autocommit=True) as c:

@@ -38,8 +38,8 @@ pytestmark = pytest.mark.integration
 
 STANDBY_MAJOR = 16  # the first that decodes on a standby
 FAILOVER_MAJOR = 17  # the first with failover slots
-PRIMARY_PORT, STANDBY_PORT, LONE_PORT = 54393, 54394, 54395
-PROMOTED_PRIMARY_PORT, PROMOTED_STANDBY_PORT = 54396, 54397
+PRIMARY_PORT, STANDBY_PORT, LONE_PORT = 25393, 25394, 25395
+PROMOTED_PRIMARY_PORT, PROMOTED_STANDBY_PORT = 25396, 25397
 STANDBY_SLOT = "changelake_standby_capture"
 PROBE_SLOT = "changelake_probe"
 ROWS = 60

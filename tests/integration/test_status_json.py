@@ -85,7 +85,7 @@ def test_lag_past_the_threshold_and_a_dropped_slot(tmp_path: Path, make_source: 
 
 @pytest.fixture
 def scratch() -> Iterator[ScratchCluster]:
-    cluster = ScratchCluster(54343)
+    cluster = ScratchCluster(25343)
     yield cluster
     cluster.remove()
 
