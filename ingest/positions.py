@@ -110,7 +110,7 @@ class SnapshotProgress:
         """Parse a snapshot writer row; an unreadable one is an error that says how to clear it."""
         try:
             d = json.loads(pos.resume_token or "")
-            until, keys, whole = d.get("until"), d.get("keys"), d.get("table_snapshot")
+            until, keys, struct = d.get("until"), d.get("keys"), d.get("table_snapshot")
             return cls(
                 table=str(d["table"]),
                 snapshot_id=str(d["snapshot_id"]),
@@ -126,7 +126,7 @@ class SnapshotProgress:
                 paused=bool(d.get("paused")),
                 where=str(d["where"]) if d.get("where") is not None else None,
                 whole=bool(d.get("whole")),
-                table_snapshot=TableSnapshot.from_struct(whole) if whole is not None else None,
+                table_snapshot=TableSnapshot.from_struct(struct) if struct is not None else None,
             )
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise SourceError(
