@@ -1,4 +1,4 @@
-"""Capture from a physical standby on PostgreSQL 16: slot, stream and snapshot on the standby (real servers).
+"""Capture from a physical standby on PostgreSQL 16 and 18: slot, stream and snapshot on the standby (real servers).
 
 A primary and a streaming standby of it (a cold copy of its data directory, scratch_pg). The
 source's `dsn` is the standby's and its `primary_dsn` the primary's: ingest's logical messages
@@ -37,6 +37,9 @@ from tests.helpers.scratch_pg import ScratchCluster, pg_bindir
 pytestmark = pytest.mark.integration
 
 STANDBY_MAJOR = 16  # the first that decodes on a standby
+# The pair's tests run on both ends of the range that has standby decoding (one pair at a time:
+# pytest finishes a module fixture's tests on one param before it sets up the next, on the same ports).
+PAIR_MAJORS = (STANDBY_MAJOR, 18)
 FAILOVER_MAJOR = 17  # the first with failover slots
 PRIMARY_PORT, STANDBY_PORT, LONE_PORT = 25393, 25394, 25395
 PROMOTED_PRIMARY_PORT, PROMOTED_STANDBY_PORT = 25396, 25397
@@ -53,11 +56,12 @@ def _need(major: int) -> None:
         pytest.skip(f"PostgreSQL {major} binaries are missing ({e})")
 
 
-@pytest.fixture(scope="module")
-def pair() -> Iterator[tuple[ScratchCluster, ScratchCluster]]:
-    """A PostgreSQL 16 primary and its streaming standby."""
-    _need(STANDBY_MAJOR)
-    primary = ScratchCluster(PRIMARY_PORT, major=STANDBY_MAJOR)
+@pytest.fixture(scope="module", params=PAIR_MAJORS, ids=[f"pg{m}" for m in PAIR_MAJORS])
+def pair(request: pytest.FixtureRequest) -> Iterator[tuple[ScratchCluster, ScratchCluster]]:
+    """A primary and its streaming standby: on the first major that decodes on a standby, and on the newest."""
+    major = int(request.param)
+    _need(major)
+    primary = ScratchCluster(PRIMARY_PORT, major=major)
     standby: ScratchCluster | None = None
     try:
         standby = ScratchCluster.standby_of(primary, STANDBY_PORT, STANDBY_SLOT)
