@@ -2,6 +2,9 @@
 
 -- Not rewritten when bronze.stream_positions is what the last run read (skip_when): ingest writes
 -- relation shapes and snapshot pages before it raises a position, so they are unchanged too.
+-- Built after safe_bounds (depends_on below), which reads the positions once for the invocation
+-- (changelake_run_state); started beside it, with threads > 1, each read them again.
+-- depends_on: {{ ref('safe_bounds') }}
 
 -- One row per table snapshot that is running (its writer is in bronze.stream_positions) or
 -- completed (its last page is in bronze.snapshot_pages): the snapshot writers' progress token

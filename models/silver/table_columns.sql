@@ -1,7 +1,8 @@
-{{ config(materialized='changelake_table', skip_when='positions_unchanged') }}
+{{ config(materialized='changelake_table', skip_when='inputs_unchanged') }}
 
--- Not rewritten when bronze.stream_positions is what the last run read (skip_when): ingest writes
--- relation shapes and snapshot pages before it raises a position, so they are unchanged too.
+-- Not rewritten when bronze.source_relations is at the Delta version the last build read
+-- (skip_when): its one input, so a round that only moved positions (a drain marker, heartbeats)
+-- leaves it, and it does not wait for the positions' read (changelake_run_state).
 
 -- One row per column of each source table's latest shape (bronze.source_relations), in table
 -- order; the gold typed models are generated from it (macro typed_current_state).

@@ -12,8 +12,13 @@
     check), after a full build of a fold, or in a `dbt test` that built nothing. The lookup of the
     last positions is scoped too (it reads only those tables' partitions): as of the last position
     of a source's touched tables, no version of theirs is later, so their state there is the live
-    one, as at the source's last position. -#}
+    one, as at the source's last position. as_of reads those tables' versions only (touched_history): its
+    timestamp cut is then the touched tables' last change, which by the same argument gives their live
+    state; given the whole of record_history, the cut's aggregate read every version of every table
+    before the filter applied (18 s of a 100k-event build over 1M events of history). -#}
 {%- set touched = changelake_touched_tables_predicate('scoped') -%}
+{%- set touched_history = '(select * from ' ~ ref('record_history') ~ ' as scoped where ' ~ touched
+    ~ ') as touched_history' -%}
 {%- set history_exists = execute and not changelake_test_inputs_unchanged()
     and load_relation(ref('record_history')) is not none -%}
 {%- set last_positions = query_rows_at_execution(
@@ -45,7 +50,7 @@ as_of_now as (
         scoped.table_name,
         scoped.record_pk,
         scoped.record
-    from ({{ as_of(ref('record_history'), '9999-12-31 00:00:00') }}) as scoped
+    from ({{ as_of(touched_history, '9999-12-31 00:00:00') }}) as scoped
     where {{ touched }}
 
 ),
@@ -59,7 +64,7 @@ as_of_last_positions as (
             scoped.table_name,
             scoped.record_pk,
             scoped.record
-        from ({{ as_of(ref('record_history'), position.max_lsn, source=position.source) }}) as scoped
+        from ({{ as_of(touched_history, position.max_lsn, source=position.source) }}) as scoped
         where {{ touched }}
         union all
     {% endfor %}

@@ -1,6 +1,9 @@
 {{ config(skip_when_unchanged='nothing_new') }}
 -- Fixed inputs: its result changes only with the code (checked by CI and the nightly full run), so a
 -- run with nothing new skips it (skip_when_unchanged; var changelake_full_tests runs it anyway).
+-- It runs after safe_bounds (depends_on below), which decides "nothing new" once for the
+-- invocation; started before it, the test could not know and ran.
+-- depends_on: {{ ref('safe_bounds') }}
 -- Macros event_keys and truncated_table_parts ("the keys an event touches", DESIGN §5 and §6, and
 -- a truncate's tables): on fixed events an insert, update or delete touches its key, a primary-key
 -- change touches its old key too, a truncate touches no key, and a truncated 'schema.table'

@@ -1,6 +1,9 @@
 {{ config(skip_when_unchanged='nothing_new') }}
 -- Fixed inputs: its result changes only with the code (checked by CI and the nightly full run), so a
 -- run with nothing new skips it (skip_when_unchanged; var changelake_full_tests runs it anyway).
+-- It runs after safe_bounds (depends_on below), which decides "nothing new" once for the
+-- invocation; started before it, the test could not know and ran.
+-- depends_on: {{ ref('safe_bounds') }}
 -- The scan-pruning macros behind sequin_events, snapshot_rows_placed and consumer_records
 -- (source_ranges, source_ranges_predicate, partitions_predicate, rows_as_relation, sql_literal):
 -- on fixed inputs each keeps exactly the rows it should. Models only meet their literal path in
