@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from ingest.errors import ConfigError
 from ingest.masking import SourceMasks
-from ingest.selection import Selection
+from ingest.selection import Selection, Selector
 from ingest.tenants import TenantMerge, check_merges, fold_merge_entries
 
 DEFAULT_WAREHOUSE = "./warehouse"
@@ -393,20 +393,26 @@ class PostgresSource(_MaskedSource):
 class MongoSource(_MaskedSource):
     """A MongoDB source: one change stream over a database (or one collection) plus snapshots.
 
-    `uri` holds credentials: give it as `${ENV}`. `collections` lists collection names of
-    `database` (None: every collection). `pre_post_images` says the collections have
-    `changeStreamPreAndPostImages` enabled: the stream then asks for `required` post-images and
-    `whenAvailable` pre-images instead of `updateLookup` (see docs/mongodb.md). `on_history_lost`:
-    what a resume point that fell off the oplog does, `fail` (an error saying how to recover) or
-    `resnapshot` (tombstone every collection, restart the stream now, snapshot every collection).
+    `uri` holds credentials: give it as `${ENV}`. `collections` lists collection names and
+    patterns of `database` (None: every collection), `exclude` patterns to leave out; matched as
+    a Postgres source's `tables` (ingest/selection.py), against the database's collections at
+    start and against each change event's namespace while streaming. `pre_post_images` says the
+    collections have `changeStreamPreAndPostImages` enabled: the stream then asks for `required`
+    post-images and `whenAvailable` pre-images instead of `updateLookup` (see docs/mongodb.md).
+    `on_history_lost`: what a resume point that fell off the oplog does, `fail` (an error saying
+    how to recover) or `resnapshot` (tombstone every collection, restart the stream now, snapshot
+    every collection).
     """
 
     kind: Literal["mongodb"]
     name: str
     uri: str
     database: str
-    # collection names, or `{name: coll, exclude_columns: [...], mask_columns: [...]}` (top-level fields)
+    # collection names and patterns (`orders_*`, `"literal*name"`), or `{name: coll, exclude_columns: [...],
+    # mask_columns: [...]}` (top-level fields); None: every collection
     collections: list[str] | None = None
+    # patterns of collections to leave out of `collections` (or of every collection)
+    exclude: list[str] = Field(default_factory=list)
     pre_post_images: bool = False
     max_await_seconds: Annotated[float, Field(gt=0, le=60)] = 1.0
     snapshot_page_size: Annotated[int, Field(gt=0)] = 5_000
@@ -443,11 +449,15 @@ class MongoSource(_MaskedSource):
             return v
         if not v:
             raise ValueError("list at least one collection, or leave the key out for all collections")
-        for c in v:
-            if not c or "$" in c or c.startswith("system."):
-                raise ValueError(f"{c!r} is not a capturable collection name")
+        _check_collection_entries(v)
         if len(set(v)) != len(v):
             raise ValueError("collections are listed twice")
+        return v
+
+    @field_validator("exclude")
+    @classmethod
+    def _excluded_names(cls, v: list[str]) -> list[str]:
+        _check_collection_entries(v)
         return v
 
     @model_validator(mode="before")
@@ -457,9 +467,23 @@ class MongoSource(_MaskedSource):
 
     @model_validator(mode="after")
     def _columns_of_captured_collections(self) -> MongoSource:
-        unknown = sorted(set(self.columns) - set(self.collections)) if self.collections is not None else []
+        try:
+            selection = self.selection
+        except ValueError as e:
+            raise ValueError(f"exclude: {e}") from None
+        patterns = sorted(c for c in self.columns if any(w in c for w in "*?") and c not in selection.named)
+        if patterns:
+            # A rule keyed by a pattern would apply to a collection of that literal name only: the
+            # fields of the collections the pattern matches would land unmasked.
+            raise ValueError(
+                f"columns: {', '.join(patterns)} is a pattern; column rules name collections, one entry each "
+                '(a collection whose name holds * or ? is listed quoted in `collections`: "name*")'
+            )
+        unknown = sorted(c for c in self.columns if not selection.matches((c,)))
         if unknown:
-            raise ValueError(f"columns: {', '.join(unknown)} is not one of the source's collections")
+            raise ValueError(
+                f"columns: {', '.join(unknown)} is not one of the source's collections (nor matched by them)"
+            )
         for coll, rules in self.columns.items():
             if "_id" in rules.exclude_columns or "_id" in rules.mask_columns:
                 raise ValueError(f"columns.{coll}: _id is the key (record_pk): it cannot be excluded or masked")
@@ -473,6 +497,22 @@ class MongoSource(_MaskedSource):
                     f"only: exclude or mask the whole field ({', '.join(top)})"
                 )
         return self
+
+    @property
+    def selection(self) -> Selection:
+        """The parsed `collections` (every collection when absent) and `exclude` entries."""
+        return Selection.parse(self.collections if self.collections is not None else ["*"], self.exclude, 1)
+
+
+def _check_collection_entries(entries: list[str]) -> None:
+    """Each entry parses as a collection name or pattern that can name a user collection (ValueError if not)."""
+    for c in entries:
+        try:
+            part = Selector.parse(c, 1).parts[0]
+        except ValueError as e:
+            raise ValueError(str(e)) from None
+        if "$" in part.text or part.text.startswith("system."):
+            raise ValueError(f"{c!r} is not a capturable collection name")
 
 
 SourceConfig = Annotated[PostgresSource | MongoSource, Field(discriminator="kind")]
@@ -603,6 +643,7 @@ def config_summary(cfg: Config) -> list[str]:
             where = f"publication {s.publication_name}, slot {s.slot_name}"
         else:
             what = f"collections {', '.join(s.collections)}" if s.collections is not None else "every collection"
+            what += f" excluding {', '.join(s.exclude)}" if s.exclude else ""
             where = f"database {s.database}"
         lines.append(f"  {s.name} ({s.kind}): {what}; {where}")
     return lines

@@ -76,8 +76,10 @@ def datasets(src: SourceConfig, warehouse_uri: str) -> Datasets:
         parts = urlsplit(src.uri)
         host = (parts.hostname or "localhost") if parts.scheme == "mongodb" else (parts.hostname or "")
         namespace = f"mongodb://{host}:{parts.port or MONGODB_PORT}"
-        # Every collection of the database (collections not listed) is one dataset per database.
-        names = [f"{src.database}.{c}" for c in src.collections] if src.collections else [src.database]
+        # Collections named without a pattern are one dataset each; a selection with patterns (or
+        # every collection) follows the database as it changes, so it is one dataset: the database.
+        selection = src.selection
+        names = [src.database] if selection.has_patterns else [f"{src.database}.{c}" for c in selection.named]
     out_ns, out_root = _storage(warehouse_uri)
     return Datasets(
         [InputDataset(namespace, n) for n in names],

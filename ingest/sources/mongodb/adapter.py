@@ -13,7 +13,14 @@ from ingest.progress import Progress
 from ingest.sources.mongodb.capture import MongoCapture
 from ingest.sources.mongodb.changes import unpack_cluster_time
 from ingest.sources.mongodb.snapshot import request_snapshot
-from ingest.sources.mongodb.source import cluster_time, collections, connect
+from ingest.sources.mongodb.source import (
+    cluster_time,
+    collections,
+    connect,
+    selected,
+    unmatched_patterns,
+    user_collections,
+)
 
 if TYPE_CHECKING:
     from ingest.verify import TableResult
@@ -37,11 +44,17 @@ class MongoAdapter:
         try:
             ts = cluster_time(client)
             names = collections(client, self.src)
+            unmatched = (
+                unmatched_patterns(self.src, user_collections(client, self.src))
+                if self.src.selection.has_patterns
+                else []
+            )
         finally:
             client.close()
         listed = ", ".join(names) or "none yet"
         at = f"clusterTime {ts.time}.{ts.inc}"
-        return f"{self.name}: MongoDB {self.src.database} reachable at {at}; collections: {listed}"
+        waiting = f"; matching nothing yet: {', '.join(unmatched)}" if unmatched else ""
+        return f"{self.name}: MongoDB {self.src.database} reachable at {at}; collections: {listed}{waiting}"
 
     def run(self, batch: BatchConfig, writer: BronzeWriter, once: bool, should_stop: Callable[[], bool]) -> list[str]:
         """Stream (and snapshot) into bronze; the run's summary line."""
@@ -53,12 +66,13 @@ class MongoAdapter:
             + f", durable at {self.format_position(cap.durable_lsn)}"
             + (f", snapshots completed: {', '.join(cap.snapshots_done)}" if cap.snapshots_done else "")
             + (f", {cap.skipped} re-delivered events skipped" if cap.skipped else "")
+            + (f", {cap.out_of_scope} events of collections outside the selection skipped" if cap.out_of_scope else "")
         ]
 
     def captures(self, table: str) -> bool:
-        """Whether `database.collection` is in scope (every collection when none are listed)."""
+        """Whether `database.collection` is in scope (matched by `collections`, or every one, less `exclude`)."""
         db, _, coll = table.partition(".")
-        return db == self.src.database and bool(coll) and (self.src.collections is None or coll in self.src.collections)
+        return db == self.src.database and bool(coll) and selected(self.src, coll)
 
     def request_snapshot(self, writer: BronzeWriter, table: str, where: str | None = None) -> tuple[str, int]:
         """Register a snapshot writer for the collection at the safe bound; its id and start.

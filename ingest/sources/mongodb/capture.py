@@ -38,10 +38,21 @@ from ingest.sources.mongodb.changes import (
     Namespace,
     pack_cluster_time,
     resume_token_position,
+    unpack_cluster_time,
 )
 from ingest.sources.mongodb.rules import newly_ruled, record_rules, recorded_rules, rules_now
 from ingest.sources.mongodb.snapshot import MongoSnapshotter, request_snapshot
-from ingest.sources.mongodb.source import StreamHistoryLostError, cluster_time, collections, connect, scope, translate
+from ingest.sources.mongodb.source import (
+    SYSTEM_PREFIX,
+    StreamHistoryLostError,
+    cluster_time,
+    collections,
+    connect,
+    log_selection,
+    scope,
+    translate,
+    user_collections,
+)
 from ingest.sources.mongodb.stream import RESUME_AFTER, START_AFTER, open_stream, parse_stored_token, stored_token
 
 log = logging.getLogger(__name__)
@@ -64,6 +75,7 @@ class MongoCapture:
         """Prepare to capture `src` into `writer`'s bronze tables."""
         self.src, self.batch, self.writer, self.progress = src, batch, writer, progress
         self.scope = scope(src)
+        self.selection = src.selection
         self.durable_lsn = 0
         self.snapshots_done: list[str] = []
         self.started_at = datetime.now(UTC)
@@ -71,11 +83,17 @@ class MongoCapture:
         self._queued: set[str] = set()  # snapshot writers taken from bronze into the queue
         self._stream_done = threading.Event()  # the stream ended: the snapshot worker ends when its queue is empty
         self.batcher: TransactionBatcher | None = None
+        self.mapper: ChangeMapper | None = None
 
     @property
     def skipped(self) -> int:
         """Events a restart re-delivered that were durable already (not appended again)."""
         return self.batcher.skipped if self.batcher is not None else 0
+
+    @property
+    def out_of_scope(self) -> int:
+        """Events of collections outside the selection the stream carried and skipped (a database-wide stream)."""
+        return sum(self.mapper.skipped.values()) if self.mapper is not None else 0
 
     # -- registration -------------------------------------------------------------------------
 
@@ -102,7 +120,11 @@ class MongoCapture:
         """Queue resumed snapshots (their writer rows) and collections never snapshotted."""
         running = {p.table for p in self._poll_requests()}
         done = self.writer.completed_snapshots(self.src.name)
-        for coll in collections(client, self.src):
+        names = collections(client, self.src)
+        if self.selection.has_patterns:
+            log_selection(self.src, user_collections(client, self.src))
+            log.info("source=%s: the selection matches %s", self.src.name, ", ".join(names) or "no collection yet")
+        for coll in names:
             table = f"{self.src.database}.{coll}"
             if table not in done and table not in running:
                 self._snapshots.put((coll, None))
@@ -190,20 +212,21 @@ class MongoCapture:
     def _recover_history_lost(self, client: MongoClient[dict[str, Any]], committer: Committer) -> ChangeEvent:
         """`on_history_lost: resnapshot`: tombstone every collection now; the stream restarts here.
 
-        With the whole database in scope, "every collection" includes those bronze holds that are
-        gone now (W6): one dropped during the lost window, whose drop event fell off the oplog,
-        would otherwise keep its rows live in silver forever.
+        With patterns in the selection (or the whole database), "every collection" includes those
+        bronze holds that the selection matches and are gone now (W6): one dropped during the lost
+        window, whose drop event fell off the oplog, would otherwise keep its rows live in silver
+        forever.
         """
         now = pack_cluster_time(cluster_time(client))
         names = collections(client, self.src)
         self._request_snapshots(names, now)
         faults.hit("recovery_after_snapshot_requests")
         gone: set[str] = set()
-        if self.src.collections is None:
+        if self.selection.has_patterns:
             gone = {
                 table
                 for db, table in self.writer.captured_tables(self.src.name)
-                if db == self.src.database and table not in names
+                if db == self.src.database and table not in names and self._selected(table)
             }
         tables = tuple(f"{self.src.database}.{c}" for c in [*names, *sorted(gone)]) or (self.scope.qualified,)
         event = ChangeEvent(
@@ -296,7 +319,7 @@ class MongoCapture:
         transaction here is the events sharing one clusterTime.
         """
         known = collections(client, self.src) if self.scope.coll is None else ()
-        mapper = ChangeMapper(self.scope, known, self.src.masks())
+        mapper = self.mapper = ChangeMapper(self.scope, known, self.src.masks(), self._selected)
         batcher = TransactionBatcher(committer, self.batch, resume)
         self.batcher = batcher
         open_lsn: int | None = None  # the transaction whose events are still arriving
@@ -341,7 +364,7 @@ class MongoCapture:
             if mapped.event is not None:
                 batcher.add(mapped.event, now)
             if mapped.renamed_to is not None and self._in_scope(mapped.renamed_to):
-                self._snapshots.put((mapped.renamed_to.coll or "", None))
+                self._snapshot_renamed(mapped.renamed_to, lsn)
             if mapped.invalidated:
                 # The stream is closed: make everything durable with a startAfter token, then reopen.
                 complete_open(now, START_AFTER)
@@ -350,7 +373,9 @@ class MongoCapture:
                 stream.close()
                 log.warning("source=%s stream invalidated; reopening with startAfter", self.src.name)
                 stream = self._open(client, (START_AFTER, mapped.token))
-                mapper = ChangeMapper(self.scope, sorted(mapper.known), mapper.masks)
+                skipped = mapper.skipped
+                mapper = self.mapper = ChangeMapper(self.scope, sorted(mapper.known), mapper.masks, self._selected)
+                mapper.skipped = skipped
             self.progress.tick(None)
         # Stopping: what was read goes to bronze, but a clusterTime still open is not taken as
         # complete (the next run re-reads it from the last stored token and skips what is here).
@@ -358,7 +383,28 @@ class MongoCapture:
             batcher.submit(mid_transaction=open_lsn is not None)
         committer.drain()
 
+    def _selected(self, coll: str) -> bool:
+        """Whether collection `coll` of the database is captured (matched by the selection, not a system one)."""
+        return not coll.startswith(SYSTEM_PREFIX) and self.selection.matches((coll,))
+
     def _in_scope(self, ns: Namespace) -> bool:
-        if ns.db != self.src.database or ns.coll is None:
-            return False
-        return self.src.collections is None or ns.coll in self.src.collections
+        return ns.db == self.src.database and ns.coll is not None and self._selected(ns.coll)
+
+    def _snapshot_renamed(self, target: Namespace, lsn: int) -> None:
+        """Queue a snapshot of a collection renamed into the selection: the stream never carried its documents.
+
+        Its old name's rows (if it was captured) were tombstoned by the rename event; under the new
+        name every document arrives with the snapshot, and its later changes with the stream.
+        """
+        ts = unpack_cluster_time(lsn)
+        log.warning(
+            "source=%s: collection %s was renamed into the selection at clusterTime %d.%d: snapshotting it (if this "
+            "run stops before that snapshot completes and the collection had a completed snapshot under this name "
+            "before, request one: `changelake-ingest snapshot %s`)",
+            self.src.name,
+            target.qualified,
+            ts.time,
+            ts.inc,
+            target.qualified,
+        )
+        self._snapshots.put((target.coll or "", None))

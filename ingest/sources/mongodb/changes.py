@@ -11,7 +11,7 @@ to dicts of BSON types). Positions follow DESIGN §2: `commit_lsn` is `clusterTi
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -56,6 +56,9 @@ ROW_ACTIONS = {
     OperationType.REPLACE: Action.UPDATE,
     OperationType.DELETE: Action.DELETE,
 }
+# Events about one collection: skipped when it is outside the source's selection. dropDatabase and
+# invalidate end the stream and are always kept.
+OUT_OF_SCOPE_SKIPPED = frozenset({*ROW_ACTIONS, OperationType.DROP, OperationType.RENAME})
 
 
 def ext_json(value: Any) -> str:
@@ -167,17 +170,25 @@ class ChangeMapper:
     """
 
     def __init__(
-        self, scope: Namespace, known_collections: Sequence[str] = (), masks: SourceMasks | None = None
+        self,
+        scope: Namespace,
+        known_collections: Sequence[str] = (),
+        masks: SourceMasks | None = None,
+        selected: Callable[[str], bool] | None = None,
     ) -> None:
         """Map the events of a stream watching `scope` (a collection, or a database if coll is None).
 
         `known_collections` are the in-scope collections at start (a dropDatabase tombstones
         them and every collection seen since). `masks`: the fields each collection excludes and
-        masks (the document, its pre-image and an update's updatedFields alike).
+        masks (the document, its pre-image and an update's updatedFields alike). `selected`: whether
+        a collection of the database is captured (None: every one); the row and drop events of the
+        others are skipped and counted in `skipped`, and a rename is kept when either name is captured.
         """
         self.scope = scope
         self.masks = masks or SourceMasks({})
         self.known: set[str] = set(known_collections)
+        self.selected = selected
+        self.skipped: dict[str, int] = {}  # events of collections outside the selection, by collection
         self._lsn: int | None = None  # the clusterTime of the previous event
         self._index = 0
 
@@ -213,6 +224,9 @@ class ChangeMapper:
         ts_us = _commit_ts_us(doc, lsn)
         ns = self._namespace(doc)
         base = {"commit_lsn": lsn, "commit_index": index, "xid": lsn, "commit_ts_us": ts_us}
+        if op in OUT_OF_SCOPE_SKIPPED and not self._captures(ns, doc if op == OperationType.RENAME else None):
+            self._skip(ns)
+            return MappedChange(None, token)
         if op in ROW_ACTIONS:
             if ns.coll is not None:
                 self.known.add(ns.coll)
@@ -224,6 +238,8 @@ class ChangeMapper:
             target = Namespace(str(to.get("db", ns.db)), str(to["coll"])) if to.get("coll") else None
             event = self._tombstone(base, ns, [ns], RENAME_PREFIX, ext_json({"to": to}) if to else None)
             self.known.discard(ns.coll or "")
+            if target is not None and target.db == self.scope.db and target.coll and self._captures(target, None):
+                self.known.add(target.coll)  # captured under its new name: a dropDatabase tombstones it
             return MappedChange(event, token, renamed_to=target)
         if op == OperationType.DROP_DATABASE:
             dropped = [Namespace(ns.db, c) for c in sorted(self.known)]
@@ -236,6 +252,20 @@ class ChangeMapper:
             return MappedChange(self._tombstone(base, self.scope, gone) if gone else None, token, invalidated=True)
         log.warning("skipped change event operationType=%s clusterTime=%d index=%d", op, lsn, index)
         return MappedChange(None, token)
+
+    def _captures(self, ns: Namespace, rename: Mapping[str, Any] | None) -> bool:
+        """Whether an event on `ns` (a rename: on its source or its target) concerns a captured collection."""
+        if self.selected is None or ns.coll is None:
+            return True
+        to = (rename or {}).get("to") or {}
+        names = [ns.coll] + ([str(to["coll"])] if to.get("coll") and to.get("db", ns.db) == ns.db else [])
+        return any(self.selected(n) for n in names)
+
+    def _skip(self, ns: Namespace) -> None:
+        coll = ns.coll or ""
+        if coll not in self.skipped:
+            log.info("collection %s is outside the source's selection: its change events are skipped", ns.qualified)
+        self.skipped[coll] = self.skipped.get(coll, 0) + 1
 
     def _row_event(self, doc: Mapping[str, Any], op: OperationType, ns: Namespace, base: dict[str, Any]) -> ChangeEvent:
         key = doc.get("documentKey") or {}

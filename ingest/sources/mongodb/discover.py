@@ -9,16 +9,19 @@ from pymongo.errors import OperationFailure
 
 from ingest.config import MongoSource
 from ingest.discover import Candidate, Listing
-from ingest.sources.mongodb.source import connect
+from ingest.sources.mongodb.source import collections, connect, unmatched_patterns, user_collections
 
 
 def discover_mongo(src: MongoSource, every: bool) -> Listing:
-    """The collections `src` captures (`every`: all of the database's, each saying whether it is captured)."""
+    """The collections `src` selects (`every`: all of the database's, each saying whether it is selected).
+
+    A collection the selection leaves out says why (no entry matches it, or an `exclude` entry
+    does); a pattern that matches nothing yet is a note of the source.
+    """
     client = connect(src)
     try:
-        db = client[src.database]
-        present = sorted(n for n in db.list_collection_names() if not n.startswith("system."))
-        wanted = set(present) if src.collections is None else set(src.collections)
+        present = user_collections(client, src)
+        wanted = collections(client, src)
         out = [
             Candidate(
                 f"{src.database}.{c}",
@@ -27,12 +30,24 @@ def discover_mongo(src: MongoSource, every: bool) -> Listing:
                 key_kind="_id",
                 notes=("does not exist yet: captured once it is created",),
             )
-            for c in sorted(wanted - set(present))
+            for c in sorted(set(wanted) - set(present))
         ]
         out += [_candidate(client, src, c, c in wanted) for c in present if every or c in wanted]
     finally:
         client.close()
-    return Listing(src.name, src.kind, f"database {src.database}", tuple(out))
+    notes = tuple(
+        f"collections pattern {p} matches no collection yet: one created later is captured from its first event"
+        for p in unmatched_patterns(src, present)
+    )
+    return Listing(src.name, src.kind, f"database {src.database}", tuple(out), notes=notes)
+
+
+def _left_out(src: MongoSource, name: str) -> tuple[str, ...]:
+    """Why the selection leaves collection `name` out, as discover's note."""
+    by = [e.text for e in src.selection.exclude if e.matches((name,))]
+    if by:
+        return (f"excluded by exclude: {', '.join(by)}: not captured",)
+    return ("not matched by collections: not captured",)
 
 
 def _candidate(client: MongoClient[dict[str, Any]], src: MongoSource, name: str, selected: bool) -> Candidate:
@@ -48,4 +63,5 @@ def _candidate(client: MongoClient[dict[str, Any]], src: MongoSource, name: str,
         key_kind="_id",
         rows=db[name].estimated_document_count(),
         size_bytes=size,
+        notes=() if selected else _left_out(src, name),
     )

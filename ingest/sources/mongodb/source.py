@@ -23,6 +23,8 @@ APP_NAME = "changelake-ingest"
 CHANGE_STREAM_FATAL_ERROR = 280
 CHANGE_STREAM_HISTORY_LOST = 286
 CHANGE_STREAM_NOT_SUPPORTED = 40573  # "$changeStream stage is only supported on replica sets"
+# Collections MongoDB keeps for itself (system.views, system.profile, ...): never captured.
+SYSTEM_PREFIX = "system."
 HISTORY_LOST_CODES = frozenset({CHANGE_STREAM_FATAL_ERROR, CHANGE_STREAM_HISTORY_LOST})
 
 
@@ -45,18 +47,55 @@ def connect(src: MongoSource) -> MongoClient[dict[str, Any]]:
 
 
 def scope(src: MongoSource) -> Namespace:
-    """What the stream watches: one collection when exactly one is configured, else the database."""
-    if src.collections is not None and len(src.collections) == 1:
-        return Namespace(src.database, src.collections[0])
+    """What the stream watches: the collection when the selection is one literal name, else the database."""
+    selection = src.selection
+    if not selection.has_patterns and len(selection.named) == 1:
+        return Namespace(src.database, selection.named[0])
     return Namespace(src.database, None)
 
 
+def selected(src: MongoSource, coll: str) -> bool:
+    """Whether collection `coll` of the source's database is in its selection (system collections never are)."""
+    return not coll.startswith(SYSTEM_PREFIX) and src.selection.matches((coll,))
+
+
 def collections(client: MongoClient[dict[str, Any]], src: MongoSource) -> list[str]:
-    """The source's collections: the configured ones, or every non-system collection of the database."""
-    if src.collections is not None:
-        return list(src.collections)
-    names = client[src.database].list_collection_names()
-    return sorted(n for n in names if not n.startswith("system."))
+    """The source's collections now: its named ones (existing or not), then what its patterns match.
+
+    Patterns (and no `collections` at all: every collection) are resolved against the
+    database's `list_collection_names()`; a source of names only does not list them.
+    """
+    selection = src.selection
+    if not selection.has_patterns:
+        return selection.named
+    return selection.resolve((n,) for n in user_collections(client, src))
+
+
+def user_collections(client: MongoClient[dict[str, Any]], src: MongoSource) -> list[str]:
+    """Every non-system collection of the source's database, sorted."""
+    return sorted(n for n in client[src.database].list_collection_names() if not n.startswith(SYSTEM_PREFIX))
+
+
+def unmatched_patterns(src: MongoSource, present: list[str]) -> list[str]:
+    """The `collections` patterns that match none of `present` (not an error: a collection may come later)."""
+    if src.collections is None:
+        return []
+    return [
+        s.text
+        for s in src.selection.include
+        if s.is_pattern and not any(s.matches((c,)) and selected(src, c) for c in present)
+    ]
+
+
+def log_selection(src: MongoSource, present: list[str]) -> None:
+    """Log what the selection resolves to at start, and each pattern that matches nothing yet."""
+    for pattern in unmatched_patterns(src, present):
+        log.warning(
+            "source=%s: collections pattern %r matches no collection of %s yet (captured once one is created)",
+            src.name,
+            pattern,
+            src.database,
+        )
 
 
 def cluster_time(client: MongoClient[dict[str, Any]]) -> Timestamp:

@@ -43,8 +43,8 @@ def open_stream(
     """Watch `scope` from the stored token (resumeAfter/startAfter), else from position `start`.
 
     Post-images come from the pre- and post-images a collection records when `pre_post_images`
-    is set, else from an `updateLookup`. A database-wide stream of listed collections filters
-    on the server, keeping the events that end a stream (dropDatabase, invalidate).
+    is set, else from an `updateLookup`. A database-wide stream of listed collections (names, no
+    pattern) filters on the server, keeping the events that end a stream (dropDatabase, invalidate).
     """
     kwargs: dict[str, Any] = {"max_await_time_ms": int(src.max_await_seconds * 1000)}
     if src.pre_post_images:
@@ -59,8 +59,12 @@ def open_stream(
         kwargs["resume_after"] = stored[1]
     db = client[scope.db]
     pipeline: list[dict[str, Any]] = []
-    if scope.coll is None and src.collections is not None:
-        colls = list(src.collections)
+    selection = src.selection
+    if scope.coll is None and not selection.has_patterns:
+        # Names only: the server filters. With patterns the stream carries every collection's
+        # events, and the capture keeps those the selection matches (a collection created while
+        # streaming included).
+        colls = selection.named
         in_scope = [{"ns.coll": {"$in": colls}}, {"to.coll": {"$in": colls}}]
         pipeline = [{"$match": {"$or": [*in_scope, {"operationType": {"$in": ["dropDatabase", "invalidate"]}}]}}]
     try:
