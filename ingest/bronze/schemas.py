@@ -133,6 +133,9 @@ SOURCE_RELATIONS = pa.schema(
         ("shape_hash", pa.string()),
         ("first_seen_lsn", pa.int64()),
         ("ingested_at", TS),
+        # The publication rows that made the table a member when the row was recorded (docs/bronze.md);
+        # null where the writer did not look (the stream's rows, rows of an older ingest).
+        ("publication_membership", pa.string()),
     ]
 )
 

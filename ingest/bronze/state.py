@@ -72,6 +72,21 @@ class BronzeState:
         """
         return {(sh.table_schema, sh.table_name): sh for sh, _ in self.shape_history(source)}
 
+    def known_memberships(self, source: str) -> dict[tuple[str, str], str]:
+        """(table_schema, table_name) -> the publication membership token last recorded for it.
+
+        The latest row that carries one (by first_seen_lsn, then ingested_at): rows that do not
+        (the stream's shapes, an older ingest's rows) say nothing of it. A table without any is
+        left out (unknown).
+        """
+        t = self._query(
+            "select table_schema, table_name, publication_membership from t "
+            f"where source = {sql_str(source)} and publication_membership is not null "
+            "order by first_seen_lsn, ingested_at",
+            t=SOURCE_RELATIONS_TABLE,
+        )
+        return {(r["table_schema"], r["table_name"]): r["publication_membership"] for r in t.to_pylist()}
+
     def shape_history(self, source: str) -> list[tuple[RelationShape, datetime]]:
         """Every shape recorded for `source`'s tables and when it was written, by (first_seen_lsn, ingested_at)."""
         t = self._query(

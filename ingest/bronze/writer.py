@@ -235,10 +235,20 @@ class BronzeWriter(BronzeState):
         app_id, version = txn_identity(f"{source}/{writer_id}", last.commit_lsn, last.commit_index)
         self._append(WAL_EVENTS_TABLE, data, source, app_id, version)
 
-    def append_relations(self, source: str, shapes: Sequence[RelationShape]) -> None:
-        """Record table shapes first seen in this batch."""
+    def append_relations(
+        self,
+        source: str,
+        shapes: Sequence[RelationShape],
+        memberships: Mapping[tuple[str, str], str] | None = None,
+    ) -> None:
+        """Record table shapes first seen in this batch.
+
+        `memberships`: (schema, table) -> the publication membership token to record with the
+        table's row (the source's own encoding); null for a table it leaves out.
+        """
         if not shapes:
             return
+        members = memberships or {}
         now = _now()
         rows = [
             {
@@ -263,6 +273,7 @@ class BronzeWriter(BronzeState):
                 "shape_hash": s.shape_hash,
                 "first_seen_lsn": s.first_seen_lsn,
                 "ingested_at": now,
+                "publication_membership": members.get((s.table_schema, s.table_name)),
             }
             for s in shapes
         ]

@@ -159,9 +159,9 @@ def relations() -> list[tuple]:
         col("note", 25, "text", "text"),
     ]
     return [
-        (SOURCE, 16384, "public", "customers", "d", customers, "h1", 100, NOW),
-        (SOURCE, 16385, "public", "orders", "d", orders[:-1], "h2", 120, NOW),
-        (SOURCE, 16385, "public", "orders", "d", orders, "h3", 160, NOW),
+        (SOURCE, 16384, "public", "customers", "d", customers, "h1", 100, NOW, "rel:16400"),
+        (SOURCE, 16385, "public", "orders", "d", orders[:-1], "h2", 120, NOW, "rel:16401"),
+        (SOURCE, 16385, "public", "orders", "d", orders, "h3", 160, NOW, None),  # met by the stream
     ]
 
 

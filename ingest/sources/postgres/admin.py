@@ -14,6 +14,7 @@ from ingest.config import PostgresSource
 from ingest.errors import SlotInvalidatedError, SourceError, SourceUnavailableError
 from ingest.events import lsn_to_int
 from ingest.sources.postgres.changes import table_gone_prefix
+from ingest.sources.postgres.membership import memberships
 from ingest.sources.postgres.published import (
     supports_column_lists,
     supports_generated_columns,
@@ -100,6 +101,8 @@ class PostgresAdmin:
         self.conn = connect(src)
         self._standby: bool | None = None
         self._primary: psycopg.Connection[tuple[object, ...]] | None = None
+        # `schema.table` -> its publication rows before ingest replaced them itself (membership.py)
+        self.memberships_before_own: dict[str, frozenset[str]] = {}
 
     def close(self) -> None:
         """Close the connection (and the one to the primary of a standby source)."""
@@ -381,7 +384,11 @@ class PostgresAdmin:
                     "rows is missed); trying again"
                 ) from None
         elif missing:
-            raise SourceError(f"source {self.src.name!r}: publication {name!r} lacks tables {', '.join(missing)}")
+            raise SourceError(
+                f"source {self.src.name!r}: publication {name!r} lacks tables {', '.join(missing)}; run ALTER "
+                f"PUBLICATION {name} ADD TABLE {', '.join(missing)}. A table captured before was not sent while "
+                "it was out of the publication: the next start re-snapshots it once it is back"
+            )
         partitioned = self.partitioned_tables()
         if partitioned and not via_root:
             if not self.src.create_publication:
@@ -393,6 +400,10 @@ class PostgresAdmin:
             self.writer().execute(
                 sql.SQL("alter publication {} set (publish_via_partition_root = true)").format(sql.Identifier(name))
             )
+        if lists:
+            # Setting a column list replaces the table's row (one transaction: no change goes
+            # unsent); the rows before are what the recorded membership is compared with.
+            self.memberships_before_own = memberships(self, self.src.tables)
         sync_column_lists(self)
         self.await_standby()
 

@@ -21,7 +21,7 @@ from ingest.capture.batcher import Resume, TransactionBatcher, boundary_position
 from ingest.capture.retry import reached_source
 from ingest.capture.snapshots import SnapshotThread
 from ingest.config import BatchConfig, PostgresSource
-from ingest.errors import SlotGapError, SourceUnavailableError
+from ingest.errors import SlotGapError, SourceError, SourceUnavailableError
 from ingest.events import Action, ChangeEvent, RelationShape, SourceKind, WriterKind, WriterPosition, int_to_lsn
 from ingest.positions import STREAM_WRITER_ID, SourcePositions
 from ingest.progress import Progress
@@ -29,6 +29,7 @@ from ingest.sources.postgres.admin import DRAIN_PREFIX, HEARTBEAT_PREFIX, Postgr
 from ingest.sources.postgres.catalog import PgCatalog
 from ingest.sources.postgres.changes import Catalog, ChangeBuilder, TxnEnd, table_gone_prefix
 from ingest.sources.postgres.history import advance_slot, first_difference, redelivered_transactions
+from ingest.sources.postgres.membership import MembershipWatch, decode, encode
 from ingest.sources.postgres.pages import Hook
 from ingest.sources.postgres.published import publish_again
 from ingest.sources.postgres.replication import Keepalive, ReplicationStream, XLogData, application_name
@@ -88,6 +89,7 @@ class PostgresCapture:
         self.ack_lsn = 0
         self.started_at = datetime.now(UTC)
         self.batcher: TransactionBatcher | None = None
+        self.membership = MembershipWatch({})  # what bronze recorded, read at start (run)
 
     @property
     def skipped(self) -> int:
@@ -275,6 +277,7 @@ class PostgresCapture:
             after.relation_id,
         )
         publish_again(admin, table)
+        self.membership.settle(table)  # a new relation: its publication row is new, and it is snapshotted
         admin.emit_message(table_gone_prefix(self.src.slot_name), table)
         refusal = cannot_snapshot(admin, table)
         if refusal is not None:
@@ -286,22 +289,25 @@ class PostgresCapture:
 
     def _record_shapes_now(
         self, admin: PostgresAdmin, catalog: Catalog, known: dict[tuple[str, str], RelationShape]
-    ) -> list[RelationShape]:
-        """Each captured table's shape as the catalog has it now, where it differs from `known`.
+    ) -> None:
+        """Record each captured table's shape and publication membership where they differ from the recorded ones.
 
         Called at start and every SHAPE_CHECK_INTERVAL_S of a continuous run (with snapshots on).
         An `ADD COLUMN ... DEFAULT` (or a drop or retype) sends nothing until the table's next row
         change, and a table nobody writes to after it would never be brought in; a table replaced
-        under its name (another relation) is not even published. Such a change is met here
-        instead, answered like one the stream meets (a re-snapshot, or a tombstone and a snapshot,
-        requested first), and `known` updated; the caller records the returned shapes (at the
-        server's current position, so the next check does not meet them again; older Relation
-        messages the stream still has to send sort below it, `take_shapes`). A table without a
-        recorded shape gets one, so that its later changes are met too.
+        under its name (another relation) is not even published; a table dropped from the
+        publication and added back was sent nothing in between (membership.py). Such a change is
+        met here instead, answered like one the stream meets (a re-snapshot, or a tombstone and a
+        snapshot, requested first), and `known` updated; the shapes are recorded at the server's
+        current position, so the next check does not meet them again (older Relation messages the
+        stream still has to send sort below it, `take_shapes`). A table without a recorded shape
+        gets one, so that its later changes are met too; a table whose membership alone changed
+        gets its shape again, with the new membership. A named table a user's publication no
+        longer publishes is a SourceError, raised once that is recorded.
         """
         builder = ChangeBuilder(catalog, use_native=False, slot=self.src.slot_name)
         at = admin.slot_health().current_wal_lsn
-        shapes = []
+        shapes: dict[tuple[str, str], RelationShape] = {}
         for table in self.src.tables:
             schema, name = table.split(".", 1)
             before = known.get((schema, name))
@@ -314,8 +320,38 @@ class PostgresCapture:
                 if before is not None:
                     self._resnapshot_if_rows_changed(admin, before, now)
                 known[(schema, name)] = now
-                shapes.append(now)
-        return shapes
+                shapes[(schema, name)] = now
+        check = self.membership.check(admin)
+        for table in check.lost:
+            self._resnapshot_rejoined(admin, table)
+        tokens: dict[tuple[str, str], str] = {}
+        for table, rows in check.changed.items():
+            schema, name = table.split(".", 1)
+            sh = known.get((schema, name))
+            if sh is None:
+                continue  # gone: no shape to record it with
+            shapes.setdefault((schema, name), replace(sh, first_seen_lsn=at))
+            tokens[(schema, name)] = encode(rows)
+        self.writer.append_relations(self.src.name, list(shapes.values()), tokens)
+        for (schema, name), token in tokens.items():
+            self.membership.recorded[f"{schema}.{name}"] = decode(token)
+        if check.refusals:
+            raise SourceError("; ".join(check.refusals))
+
+    def _resnapshot_rejoined(self, admin: PostgresAdmin, table: str) -> None:
+        """Re-snapshot a table whose changes were not sent while it was out of the publication.
+
+        The whole-table snapshot places the rows that changed meanwhile, and silver tombstones the
+        keys it no longer finds (docs/snapshots.md, "Re-snapshots find deletes"). Requested before
+        the new membership is recorded: a crash in between meets the change again at the next start.
+        """
+        if not self.snapshots:
+            return
+        refusal = cannot_snapshot(admin, table)
+        if refusal is not None:
+            log.warning("table %s cannot be re-snapshotted (%s): its changes while out stay lost", table, refusal)
+            return
+        self.snapshotter.request([table], lambda: admin.slot_health().current_wal_lsn)
 
     def _follow_scope(self, admin: PostgresAdmin, watch: ScopeWatch, builder: ChangeBuilder) -> bool:
         """Capture the tables that came into the selection's scope; stop capturing those that left (scope.py).
@@ -328,6 +364,7 @@ class PostgresCapture:
         """
         came, _left = watch.check()
         for table in came:
+            self.membership.settle(table)  # published (or found published) now, and snapshotted
             if table in builder.uncaptured:
                 builder.uncaptured.pop(table)
                 msg = relation_now(admin, table)
@@ -349,6 +386,9 @@ class PostgresCapture:
                 self.durable_lsn, self.writer.last_event_position(self.src.name, STREAM_WRITER_ID, self.durable_lsn)
             )
             known = self.writer.known_shapes(self.src.name)
+            self.membership = MembershipWatch(
+                {f"{s}.{t}": decode(token) for (s, t), token in self.writer.known_memberships(self.src.name).items()}
+            )
             log.info(
                 "registered source=%s writer=%s durable_lsn=%d last_in_bronze=%s seconds=%.1f",
                 self.src.name,
@@ -386,7 +426,7 @@ class PostgresCapture:
                     self.snapshotter.load()
                     if self.src.snapshot.initial:
                         self.snapshotter.request_initial(lambda: admin.slot_health().current_wal_lsn)
-                    self.writer.append_relations(self.src.name, self._record_shapes_now(admin, catalog, known))
+                    self._record_shapes_now(admin, catalog, known)
                     snapshotter = self.snapshotter
                     snapshots = SnapshotThread(
                         self.src.name, lambda stop: snapshotter.run(stop, poll_requests=not once), should_stop
@@ -481,7 +521,7 @@ class PostgresCapture:
                 if snapshots is not None:
                     snapshots.check()
                     if not once and now >= next_shape_check:
-                        batcher.shapes.extend(self._record_shapes_now(admin, builder.catalog, last_shapes))
+                        self._record_shapes_now(admin, builder.catalog, last_shapes)
                         next_shape_check = now + SHAPE_CHECK_INTERVAL_S
                 if watch is not None and now >= next_scope_check and not builder.in_txn:
                     if self._follow_scope(admin, watch, builder):
