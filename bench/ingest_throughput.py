@@ -6,10 +6,20 @@ for changelake-ingest (decode, JSON, Arrow, Delta commits, positions). Prints bo
 ratio, the CPU time of each process, the peak RSS of ingest (and of any child process: there should
 be none, ingest starts no JVM), and the time from process start to the first bronze commit. A
 second part measures one single transaction of 1M rows (it must stream through in pages, not be
-held whole).
+held whole): wall clock, time from process start to its last bronze commit, peak RSS, and what the
+server did with it on ingest's slot (`pg_stat_replication_slots`, PostgreSQL 14+: spilled to its
+disk, or streamed to ingest while decoding with pgoutput protocol 2).
+
+`--pg-major N` runs it all on a throwaway cluster of that major (scripts/pg_versions.sh install N,
+then scripts/pg.sh with CHANGELAKE_PG_BINDIR on a free port in 25500-25599; stopped and deleted at
+the end); without it, the default cluster (CHANGELAKE_PG_DSN or scripts/pg.sh start: Debian's 15).
+pg_recvlogical is always Debian's client, which speaks to every major. `--protocol 1` sets
+`streaming: false` on ingest's source (pgoutput protocol 1, the server spills a large transaction);
+`auto` is ingest's default (protocol 2 with streaming 'on' from PostgreSQL 14). `--parts` runs both
+parts, or only the stream or the single transaction.
 
 Usage: .venv/bin/python bench/ingest_throughput.py [--rows 1000000] [--single-txn-rows 1000000]
-       [--batch-events 100000]
+       [--batch-events 100000] [--pg-major N] [--protocol auto|1] [--parts both|stream|single]
 """
 
 from __future__ import annotations
@@ -17,20 +27,35 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
+sys.path.insert(0, str(ROOT))
+
+from tests.helpers.scratch_pg import ScratchCluster  # noqa: E402  (no pytest: psycopg and scripts/pg.sh)
+
+# Ports for the throwaway cluster: below the kernel's ephemeral range (tests/helpers/scratch_pg.py),
+# apart from the 253xx/254xx the tests use.
+PORTS = range(25531, 25600)
+# pg_stat_replication_slots (PostgreSQL 14+), the counters printed; total_txns tells a fresh report.
+SLOT_STATS = ("spill_txns", "spill_count", "spill_bytes", "stream_txns", "stream_count", "stream_bytes", "total_txns")
 
 
 def dsn() -> str:
@@ -40,6 +65,36 @@ def dsn() -> str:
             ["bash", str(ROOT / "scripts/pg.sh"), "start"], check=True, capture_output=True, text=True
         ).stdout.split()[-1]
     )
+
+
+def free_port() -> int:
+    """The first port of PORTS nothing listens on (a cluster of another run may hold one)."""
+    for port in PORTS:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise SystemExit(f"no free port in {PORTS.start}-{PORTS.stop - 1} for the throwaway cluster")
+
+
+@contextmanager
+def server(major: int | None) -> Iterator[tuple[str, str]]:
+    """The DSN to benchmark against and a description of the server's origin.
+
+    None: the default cluster. A major: a throwaway cluster of it, stopped and deleted on exit.
+    """
+    if major is None:
+        yield dsn(), "default cluster (CHANGELAKE_PG_DSN or scripts/pg.sh)"
+        return
+    subprocess.run(["bash", str(ROOT / "scripts/pg_versions.sh"), "install", str(major)], check=True)
+    port = free_port()
+    cluster = ScratchCluster(port, major)
+    try:
+        yield cluster.dsn, f"throwaway cluster, {cluster.env['CHANGELAKE_PG_BINDIR']}, port {port}"
+    finally:
+        cluster.remove()
 
 
 def rss_kb(pid: int) -> int:
@@ -75,31 +130,52 @@ def walsenders() -> list[int]:
 
 class PeakRss(threading.Thread):
     """Samples the RSS of a process (python) and, separately, the largest of its descendants (none expected),
-    and the CPU time of each and of the walsenders that run meanwhile (last sample before exit)."""
+    and the CPU time of each and of the walsender that serves it (last sample before exit).
 
-    def __init__(self, pid: int) -> None:
+    The walsender is the `active_pid` of `slot` on the benchmarked server (other clusters' and other
+    clients' walsenders on this machine are not counted); without a slot, every walsender process.
+    """
+
+    def __init__(self, pid: int, dsn: str | None = None, slot: str | None = None) -> None:
         super().__init__(daemon=True)
         self.pid, self.py_peak, self.jvm_peak, self.stop = pid, 0, 0, False
         self.cpu: dict[str, dict[int, float]] = {"python": {}, "children": {}, "walsender": {}}
-        self.wal_before = {p: cpu_seconds(p) for p in walsenders()}
+        self.slot_conn = psycopg.connect(dsn, autocommit=True) if dsn and slot else None
+        self.slot = slot
+        self.wal_before = {} if self.slot_conn else {p: cpu_seconds(p) for p in walsenders()}
+
+    def slot_walsenders(self) -> list[int]:
+        if self.slot_conn is None:
+            return walsenders()
+        row = self.slot_conn.execute(
+            "select active_pid from pg_replication_slots where slot_name = %s", (self.slot,)
+        ).fetchone()
+        return [int(row[0])] if row and row[0] else []
 
     def run(self) -> None:
-        while not self.stop:
-            self.py_peak = max(self.py_peak, rss_kb(self.pid))
-            kids = descendants(self.pid)
-            self.jvm_peak = max([self.jvm_peak] + [rss_kb(k) for k in kids])
-            for group, pids in (("python", [self.pid]), ("children", kids), ("walsender", walsenders())):
-                for p in pids:
-                    used = cpu_seconds(p) - (self.wal_before.get(p, 0.0) if group == "walsender" else 0.0)
-                    self.cpu[group][p] = max(self.cpu[group].get(p, 0.0), used)
-            time.sleep(0.2)
+        try:
+            while not self.stop:
+                self.py_peak = max(self.py_peak, rss_kb(self.pid))
+                kids = descendants(self.pid)
+                self.jvm_peak = max([self.jvm_peak] + [rss_kb(k) for k in kids])
+                for group, pids in (("python", [self.pid]), ("children", kids), ("walsender", self.slot_walsenders())):
+                    for p in pids:
+                        used = cpu_seconds(p) - (self.wal_before.get(p, 0.0) if group == "walsender" else 0.0)
+                        self.cpu[group][p] = max(self.cpu[group].get(p, 0.0), used)
+                time.sleep(0.2)
+        finally:
+            if self.slot_conn is not None:
+                self.slot_conn.close()
+
+    def cpu_total(self, group: str) -> float:
+        return sum(self.cpu[group].values())
 
     def cpu_line(self, client: str = "python") -> str:
         total = {(client if g == "python" else g): sum(v.values()) for g, v in self.cpu.items() if v or g != "children"}
         return ", ".join(f"{g} {s:.1f} s" for g, s in total.items()) + f" (sum {sum(total.values()):.1f} s)"
 
 
-def run_ingest(cfg: Path) -> tuple[float, PeakRss, str, float]:
+def run_ingest(cfg: Path, dsn: str, slot: str) -> tuple[float, PeakRss, str, float]:
     """Run `run --once`; returns its wall time, peak RSS, log, and the wall-clock time it started."""
     started = time.time()
     t0 = time.monotonic()
@@ -110,11 +186,12 @@ def run_ingest(cfg: Path) -> tuple[float, PeakRss, str, float]:
         stderr=subprocess.PIPE,
         text=True,
     )
-    peak = PeakRss(proc.pid)
+    peak = PeakRss(proc.pid, dsn, slot)
     peak.start()
     out, err = proc.communicate()
-    peak.stop = True
     secs = time.monotonic() - t0
+    peak.stop = True
+    peak.join()
     if proc.returncode != 0:
         raise SystemExit(f"ingest failed: {err[-3000:]}")
     if os.environ.get("BENCH_DEBUG"):
@@ -122,14 +199,222 @@ def run_ingest(cfg: Path) -> tuple[float, PeakRss, str, float]:
     return secs, peak, err, started
 
 
+def commit_seconds(log: str, started: float) -> list[float]:
+    """Seconds from process start to each bronze commit (the timestamps of the `committed` log lines)."""
+    stamps = []
+    for line in log.splitlines():
+        if "committed source=" in line:
+            stamps.append(datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp() - started)
+    return stamps
+
+
 def startup_seconds(log: str, started: float) -> float | None:
     """Seconds from process start to the first bronze commit: Python imports, source checks, bronze
     tables, registration, the first batch (the timestamp of the first `committed` log line)."""
-    for line in log.splitlines():
-        if "committed source=" in line:
-            stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
-            return stamp.timestamp() - started
-    return None
+    stamps = commit_seconds(log, started)
+    return stamps[0] if stamps else None
+
+
+def slot_stats(conn: psycopg.Connection[Any], slot: str) -> dict[str, int] | None:
+    """The slot's pg_stat_replication_slots counters; None before PostgreSQL 14 (no such view).
+
+    A slot the server has not reported on yet has no row (14) or zeros: both read as zeros.
+    """
+    if conn.info.server_version < 140000:
+        return None
+    row = conn.execute(
+        f"select {', '.join(SLOT_STATS)} from pg_stat_replication_slots where slot_name = %s", (slot,)
+    ).fetchone()
+    return {k: int(v or 0) for k, v in zip(SLOT_STATS, row or (0,) * len(SLOT_STATS), strict=True)}
+
+
+def slot_stats_after(
+    conn: psycopg.Connection[Any], slot: str, before: dict[str, int] | None, timeout_s: float = 5.0
+) -> dict[str, int] | None:
+    """The counters' growth since `before`, once the server has reported the run's transactions.
+
+    The walsender reports a slot's counters as it decodes, and on 14 through the statistics collector
+    (asynchronously): poll up to `timeout_s` until total_txns moved, then briefly once more so a
+    report still in flight (the last transaction's) is counted.
+    """
+    if before is None:
+        return None
+    deadline = time.monotonic() + timeout_s
+    now = slot_stats(conn, slot)
+    while now is not None and now["total_txns"] == before["total_txns"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+        now = slot_stats(conn, slot)
+    time.sleep(0.3)
+    now = slot_stats(conn, slot)
+    assert now is not None
+    return {k: now[k] - before[k] for k in SLOT_STATS}
+
+
+def stats_line(stats: dict[str, int] | None) -> str:
+    if stats is None:
+        return "n/a (pg_stat_replication_slots needs PostgreSQL 14+)"
+    return (
+        f"spill_txns {stats['spill_txns']}, spill_count {stats['spill_count']}, "
+        f"spill_bytes {stats['spill_bytes']:,} ({stats['spill_bytes'] / 2**20:.0f} MiB), "
+        f"stream_txns {stats['stream_txns']}, stream_count {stats['stream_count']}, "
+        f"stream_bytes {stats['stream_bytes']:,} ({stats['stream_bytes'] / 2**20:.0f} MiB), "
+        f"total_txns {stats['total_txns']}"
+    )
+
+
+def mib(kb: int) -> str:
+    return f"{kb / 1024:.0f} MiB"
+
+
+@dataclass
+class Summary:
+    version: str = ""
+    origin: str = ""
+    protocol: str = ""
+    recvlogical: str = ""
+    lines: list[str] = field(default_factory=list)
+
+
+def stream_part(
+    conn: psycopg.Connection[Any], d: str, cfg: Path, schema: str, name: str, suffix: str, rows: int, out: Summary
+) -> None:
+    """1M changes in transactions of 10k: pg_recvlogical and ingest on the same WAL, each from its own slot."""
+    base_slot = f"recv_{suffix}"
+    conn.execute("select pg_create_logical_replication_slot(%s, 'pgoutput')", (base_slot,))
+    ingest_slot = f"changelake_{name}"
+    recv_before, ingest_before = slot_stats(conn, base_slot), slot_stats(conn, ingest_slot)
+
+    # The WAL: inserts, then updates and deletes, in transactions of 10k changes.
+    t = time.monotonic()
+    n_ins = rows // 2
+    n_upd = rows * 3 // 10
+    n_del = rows - n_ins - n_upd
+    step = 10_000
+    for lo in range(1, n_ins + 1, step):
+        conn.execute(
+            f"insert into {schema}.events select g, g %% 1000, 'k' || (g %% 7), g * 0.01, now() "
+            "from generate_series(%s::bigint, %s::bigint) g",
+            (lo, min(lo + step - 1, n_ins)),
+        )
+    for lo in range(1, n_upd + 1, step):
+        conn.execute(
+            f"update {schema}.events set amount = amount + 1, kind = 'u' where id between %s and %s",
+            (lo, min(lo + step - 1, n_upd)),
+        )
+    for lo in range(n_ins - n_del + 1, n_ins + 1, step):
+        conn.execute(f"delete from {schema}.events where id between %s and %s", (lo, min(lo + step - 1, n_ins)))
+    end_lsn = conn.execute("select pg_current_wal_lsn()::text").fetchone()[0]  # type: ignore[index]
+    wal_bytes = conn.execute(
+        "select pg_wal_lsn_diff(%s::pg_lsn, confirmed_flush_lsn) from pg_replication_slots where slot_name = %s",
+        (end_lsn, base_slot),
+    ).fetchone()[0]  # type: ignore[index]
+    wal_mb = int(wal_bytes) / 1e6
+    print(f"generated {rows:,} row changes, {wal_mb:.0f} MB of WAL, in {time.monotonic() - t:.0f} s")
+
+    recv = shutil.which("pg_recvlogical") or next(Path("/usr/lib/postgresql").glob("*/bin/pg_recvlogical"))
+    t = time.monotonic()
+    recv_proc = subprocess.Popen(
+        [
+            str(recv),
+            "-d",
+            d,
+            "--slot",
+            base_slot,
+            "--start",
+            "--endpos",
+            end_lsn,
+            "--no-loop",
+            "-o",
+            "proto_version=1",
+            "-o",
+            f"publication_names=changelake_{name}",
+            "-f",
+            "/dev/null",
+        ],
+    )
+    recv_cpu = PeakRss(recv_proc.pid, d, base_slot)
+    recv_cpu.start()
+    if recv_proc.wait() != 0:
+        raise SystemExit(
+            f"pg_recvlogical ({out.recvlogical}) failed ({recv_proc.returncode}) against PostgreSQL {out.version}: "
+            "no baseline on this server"
+        )
+    recv_s = time.monotonic() - t
+    recv_cpu.stop = True
+    recv_cpu.join()
+    recv_stats = slot_stats_after(conn, base_slot, recv_before)
+
+    ingest_s, peak, log, started = run_ingest(cfg, d, ingest_slot)
+    ingest_stats = slot_stats_after(conn, ingest_slot, ingest_before)
+    warm = startup_seconds(log, started) or 0.0
+    recv_rate = rows / recv_s
+    rate = rows / ingest_s
+    steady = rows / max(ingest_s - warm, 1e-9)
+    print(f"pg_recvlogical (pgoutput -> /dev/null): {recv_s:6.1f} s  {recv_rate:9,.0f} changes/s")
+    print(
+        f"changelake-ingest run --once:          {ingest_s:6.1f} s  {rate:9,.0f} changes/s "
+        f"(start-up to the first commit: {warm:.2f} s)"
+    )
+    print(f"  excluding start-up:                   {ingest_s - warm:6.1f} s  {steady:9,.0f} changes/s")
+    print(
+        f"ratio ingest / pg_recvlogical: {rate / recv_rate:.2f} (wall clock), "
+        f"{steady / recv_rate:.2f} (excluding start-up)"
+    )
+    print(f"peak RSS: python {mib(peak.py_peak)}, child processes {mib(peak.jvm_peak)}")
+    recv_line = recv_cpu.cpu_line(client="pg_recvlogical")
+    print(f"CPU time (2 cores), pg_recvlogical run: {recv_line}, over {recv_s:.1f} s of wall clock")
+    print(f"CPU time (2 cores), ingest run: {peak.cpu_line()}, over {ingest_s:.1f} s of wall clock")
+    print(f"slot stats, pg_recvlogical's slot {base_slot}: {stats_line(recv_stats)}")
+    print(f"slot stats, ingest's slot {ingest_slot}: {stats_line(ingest_stats)}")
+    conn.execute("select pg_drop_replication_slot(%s)", (base_slot,))
+    out.lines.append(
+        f"stream, {rows:,} changes in transactions of 10k ({wal_mb:.0f} MB of WAL):\n"
+        f"| PostgreSQL | ingest protocol | pg_recvlogical | ingest `run --once` | **ratio (wall, incl. start-up)** "
+        f"| excl. start-up | start-up to 1st commit | ingest CPU | walsender CPU (ingest run) | peak RSS |\n"
+        f"|---|---|---|---|---|---|---|---|---|---|\n"
+        f"| {out.version} | {out.protocol} | {recv_s:.1f} s | {ingest_s:.1f} s | **{rate / recv_rate:.2f}** "
+        f"| {steady / recv_rate:.2f} | {warm:.2f} s | {peak.cpu_total('python'):.1f} s "
+        f"| {peak.cpu_total('walsender'):.1f} s | {mib(peak.py_peak)} |"
+    )
+
+
+def single_part(
+    conn: psycopg.Connection[Any], d: str, cfg: Path, schema: str, name: str, rows: int, out: Summary
+) -> None:
+    """One transaction of `rows` inserts, then `run --once`; what the server did with it on ingest's slot."""
+    ingest_slot = f"changelake_{name}"
+    before = slot_stats(conn, ingest_slot)
+    t = time.monotonic()
+    conn.execute(
+        f"insert into {schema}.events select g, 1, 'one', 1, now() from generate_series(%s::bigint, %s::bigint) g",
+        (10_000_000, 10_000_000 + rows - 1),
+    )
+    print(f"generated one transaction of {rows:,} inserts in {time.monotonic() - t:.0f} s")
+    secs, peak, log, started = run_ingest(cfg, d, ingest_slot)
+    stats = slot_stats_after(conn, ingest_slot, before)
+    commits = commit_seconds(log, started)
+    done = commits[-1] if commits else float("nan")
+    first = commits[0] if commits else float("nan")
+    print(
+        f"single transaction of {rows:,} rows: {secs:.1f} s wall clock, committed bronze {done:.1f} s after process "
+        f"start ({len(commits)} commits, the first at {first:.1f} s), peak RSS python {mib(peak.py_peak)}, "
+        f"child processes {mib(peak.jvm_peak)}"
+    )
+    print(f"CPU time (2 cores), ingest run: {peak.cpu_line()}, over {secs:.1f} s of wall clock")
+    print(f"slot stats, ingest's slot {ingest_slot}: {stats_line(stats)}")
+
+    def cell(key: str) -> str:
+        return "n/a" if stats is None else f"{stats[key]:,}"
+
+    out.lines.append(
+        f"single transaction of {rows:,} inserts:\n"
+        f"| PostgreSQL | ingest protocol | `run --once` wall | **to committed bronze** | bronze commits "
+        f"| ingest CPU | walsender CPU | **peak RSS** | spill_txns | **spill_bytes** | stream_txns | stream_bytes |\n"
+        f"|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        f"| {out.version} | {out.protocol} | {secs:.1f} s | **{done:.1f} s** | {len(commits)} "
+        f"| {peak.cpu_total('python'):.1f} s | {peak.cpu_total('walsender'):.1f} s | **{mib(peak.py_peak)}** "
+        f"| {cell('spill_txns')} | **{cell('spill_bytes')}** | {cell('stream_txns')} | {cell('stream_bytes')} |"
+    )
 
 
 def main() -> None:
@@ -137,141 +422,92 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--single-txn-rows", type=int, default=1_000_000)
     ap.add_argument("--batch-events", type=int, default=100_000, help="ingest's batch.max_events")
+    ap.add_argument(
+        "--pg-major",
+        type=int,
+        help="run on a throwaway cluster of this PostgreSQL major (scripts/pg_versions.sh); "
+        "default: the default cluster (CHANGELAKE_PG_DSN or scripts/pg.sh start)",
+    )
+    ap.add_argument(
+        "--protocol",
+        choices=["auto", "1"],
+        default="auto",
+        help="auto: ingest's default (pgoutput 2 with streaming 'on' from PostgreSQL 14); 1: `streaming: false`",
+    )
+    ap.add_argument("--parts", choices=["both", "stream", "single"], default="both")
     args = ap.parse_args()
-    d = dsn()
-    suffix = secrets.token_hex(3)
-    schema, name = f"bench_{suffix}", f"bench_{suffix}"
-    work = Path(tempfile.mkdtemp(prefix="changelake-bench-"))
-    conn = psycopg.connect(d, autocommit=True)
-    try:
-        conn.execute(f"create schema {schema}")
-        conn.execute(
-            f"create table {schema}.events (id bigint primary key, account int, kind text, "
-            "amount numeric(12,2), at timestamptz)"
-        )
-        cfg = work / "ingest.yml"
-        cfg.write_text(
-            yaml.safe_dump(
-                {
-                    "warehouse": str(work / "warehouse"),
-                    "batch": {"max_events": args.batch_events, "max_seconds": 10},
-                    "sources": [
-                        {
-                            "kind": "postgres",
-                            "name": name,
-                            "dsn": d,
-                            "tables": [f"{schema}.events"],
-                            # The stream alone, as pg_recvlogical reads it: no initial table snapshot
-                            # (bench/snapshot_lag.py measures snapshots beside the stream).
-                            "snapshot": {"initial": False},
-                        }
-                    ],
-                }
-            )
-        )
-        subprocess.run([PY, "-m", "ingest", "-c", str(cfg), "setup"], cwd=ROOT, check=True, capture_output=True)
-        base_slot = f"recv_{suffix}"
-        conn.execute("select pg_create_logical_replication_slot(%s, 'pgoutput')", (base_slot,))
-
-        # The WAL: inserts, then updates and deletes, in transactions of 10k changes.
-        t = time.monotonic()
-        n_ins = args.rows // 2
-        n_upd = args.rows * 3 // 10
-        n_del = args.rows - n_ins - n_upd
-        step = 10_000
-        for lo in range(1, n_ins + 1, step):
+    load = os.getloadavg()
+    command = " ".join([".venv/bin/python", "bench/ingest_throughput.py", *map(shlex.quote, sys.argv[1:])])
+    recv = shutil.which("pg_recvlogical") or str(next(Path("/usr/lib/postgresql").glob("*/bin/pg_recvlogical")))
+    with server(args.pg_major) as (d, origin):
+        out = Summary(origin=origin)
+        out.recvlogical = subprocess.run([recv, "--version"], capture_output=True, text=True).stdout.strip()
+        suffix = secrets.token_hex(3)
+        schema, name = f"bench_{suffix}", f"bench_{suffix}"
+        work = Path(tempfile.mkdtemp(prefix="changelake-bench-"))
+        conn = psycopg.connect(d, autocommit=True)
+        try:
+            out.version = str(conn.execute("show server_version").fetchone()[0])  # type: ignore[index]
+            work_mem = conn.execute("show logical_decoding_work_mem").fetchone()[0]  # type: ignore[index]
+            streams = args.protocol == "auto" and conn.info.server_version >= 140000
+            out.protocol = "2, streaming on" if streams else "1"
+            print(f"server: PostgreSQL {out.version} ({origin}); logical_decoding_work_mem {work_mem}")
+            print(f"baseline client: {out.recvlogical}")
+            print(f"ingest: pgoutput protocol {out.protocol} (--protocol {args.protocol})")
+            conn.execute(f"create schema {schema}")
             conn.execute(
-                f"insert into {schema}.events select g, g %% 1000, 'k' || (g %% 7), g * 0.01, now() "
-                "from generate_series(%s::bigint, %s::bigint) g",
-                (lo, min(lo + step - 1, n_ins)),
+                f"create table {schema}.events (id bigint primary key, account int, kind text, "
+                "amount numeric(12,2), at timestamptz)"
             )
-        for lo in range(1, n_upd + 1, step):
-            conn.execute(
-                f"update {schema}.events set amount = amount + 1, kind = 'u' where id between %s and %s",
-                (lo, min(lo + step - 1, n_upd)),
+            source: dict[str, Any] = {
+                "kind": "postgres",
+                "name": name,
+                "dsn": d,
+                "tables": [f"{schema}.events"],
+                # The stream alone, as pg_recvlogical reads it: no initial table snapshot
+                # (bench/snapshot_lag.py measures snapshots beside the stream).
+                "snapshot": {"initial": False},
+            }
+            if args.protocol == "1":
+                source["streaming"] = False
+            cfg = work / "ingest.yml"
+            cfg.write_text(
+                yaml.safe_dump(
+                    {
+                        "warehouse": str(work / "warehouse"),
+                        "batch": {"max_events": args.batch_events, "max_seconds": 10},
+                        "sources": [source],
+                    }
+                )
             )
-        for lo in range(n_ins - n_del + 1, n_ins + 1, step):
-            conn.execute(f"delete from {schema}.events where id between %s and %s", (lo, min(lo + step - 1, n_ins)))
-        end_lsn = conn.execute("select pg_current_wal_lsn()::text").fetchone()[0]  # type: ignore[index]
-        wal_bytes = conn.execute(
-            "select pg_wal_lsn_diff(%s::pg_lsn, confirmed_flush_lsn) from pg_replication_slots where slot_name = %s",
-            (end_lsn, base_slot),
-        ).fetchone()[0]  # type: ignore[index]
-        print(
-            f"generated {args.rows:,} row changes, {int(wal_bytes) / 1e6:.0f} MB of WAL, "
-            f"in {time.monotonic() - t:.0f} s"
-        )
+            subprocess.run([PY, "-m", "ingest", "-c", str(cfg), "setup"], cwd=ROOT, check=True, capture_output=True)
 
-        recv = shutil.which("pg_recvlogical") or next(Path("/usr/lib/postgresql").glob("*/bin/pg_recvlogical"))
-        t = time.monotonic()
-        recv_proc = subprocess.Popen(
-            [
-                str(recv),
-                "-d",
-                d,
-                "--slot",
-                base_slot,
-                "--start",
-                "--endpos",
-                end_lsn,
-                "--no-loop",
-                "-o",
-                "proto_version=1",
-                "-o",
-                f"publication_names=changelake_{name}",
-                "-f",
-                "/dev/null",
-            ],
-        )
-        recv_cpu = PeakRss(recv_proc.pid)
-        recv_cpu.start()
-        if recv_proc.wait() != 0:
-            raise SystemExit(f"pg_recvlogical failed ({recv_proc.returncode})")
-        recv_s = time.monotonic() - t
-        recv_cpu.stop = True
+            if args.parts in ("both", "stream") and args.rows:
+                stream_part(conn, d, cfg, schema, name, suffix, args.rows, out)
+            if args.parts in ("both", "single") and args.single_txn_rows:
+                single_part(conn, d, cfg, schema, name, args.single_txn_rows, out)
+        finally:
+            with psycopg.connect(d, autocommit=True) as c:
+                for (slot,) in c.execute(
+                    "select slot_name from pg_replication_slots where slot_name like %s", (f"%{suffix}",)
+                ).fetchall():
+                    c.execute("select pg_drop_replication_slot(%s)", (slot,))
+                c.execute(f"drop publication if exists changelake_{name}")
+                c.execute(f"drop schema if exists {schema} cascade")
+            conn.close()
+            shutil.rmtree(work, ignore_errors=True)
 
-        ingest_s, peak, log, started = run_ingest(cfg)
-        warm = startup_seconds(log, started) or 0.0
-        recv_rate = args.rows / recv_s
-        rate = args.rows / ingest_s
-        steady = args.rows / max(ingest_s - warm, 1e-9)
-        print(f"pg_recvlogical (pgoutput -> /dev/null): {recv_s:6.1f} s  {recv_rate:9,.0f} changes/s")
-        print(
-            f"changelake-ingest run --once:          {ingest_s:6.1f} s  {rate:9,.0f} changes/s "
-            f"(start-up to the first commit: {warm:.2f} s)"
-        )
-        print(f"  excluding start-up:                   {ingest_s - warm:6.1f} s  {steady:9,.0f} changes/s")
-        print(
-            f"ratio ingest / pg_recvlogical: {rate / recv_rate:.2f} (wall clock), "
-            f"{steady / recv_rate:.2f} (excluding start-up)"
-        )
-        print(f"peak RSS: python {peak.py_peak / 1024:.0f} MiB, child processes {peak.jvm_peak / 1024:.0f} MiB")
-        recv_line = recv_cpu.cpu_line(client="pg_recvlogical")
-        print(f"CPU time (2 cores), pg_recvlogical run: {recv_line}, over {recv_s:.1f} s of wall clock")
-        print(f"CPU time (2 cores), ingest run: {peak.cpu_line()}, over {ingest_s:.1f} s of wall clock")
-        conn.execute("select pg_drop_replication_slot(%s)", (base_slot,))
-
-        if args.single_txn_rows:
-            conn.execute(
-                f"insert into {schema}.events select g, 1, 'one', 1, now() "
-                "from generate_series(%s::bigint, %s::bigint) g",
-                (10_000_000, 10_000_000 + args.single_txn_rows - 1),
-            )
-            secs, peak, _, _ = run_ingest(cfg)
-            print(
-                f"single transaction of {args.single_txn_rows:,} rows: {secs:.1f} s, peak RSS python "
-                f"{peak.py_peak / 1024:.0f} MiB, child processes {peak.jvm_peak / 1024:.0f} MiB"
-            )
-    finally:
-        with psycopg.connect(d, autocommit=True) as c:
-            for (slot,) in c.execute(
-                "select slot_name from pg_replication_slots where slot_name like %s", (f"%{suffix}",)
-            ).fetchall():
-                c.execute("select pg_drop_replication_slot(%s)", (slot,))
-            c.execute(f"drop publication if exists changelake_{name}")
-            c.execute(f"drop schema if exists {schema} cascade")
-        conn.close()
-        shutil.rmtree(work, ignore_errors=True)
+    print()
+    print("=== summary (for BENCHMARKS.md) ===")
+    print(f"command: {command}")
+    print(
+        f"date: {datetime.now().astimezone():%Y-%m-%d %H:%M %Z}; load average at the start "
+        f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (1, 5, 15 min)"
+    )
+    print(f"server: PostgreSQL {out.version} ({out.origin}); baseline: {out.recvlogical} (proto_version=1)")
+    print(f"ingest: pgoutput protocol {out.protocol}, batch.max_events {args.batch_events:,}")
+    for block in out.lines:
+        print(block)
 
 
 if __name__ == "__main__":
