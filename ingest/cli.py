@@ -121,13 +121,27 @@ def _parser() -> argparse.ArgumentParser:
     cf.add_argument("action", choices=("check", "schema"))
     g = sub.add_parser("gold", help="dbt gold models for the captured tables (docs/dbt.md)")
     gs = g.add_subparsers(dest="gold_command", required=True)
-    gg = gs.add_parser("generate", help="write one typed model (.sql + .yml) per table of silver table_columns")
+    gg = gs.add_parser(
+        "generate", help="write one typed model (.sql + .yml) per table of table_columns and per MongoDB collection"
+    )
     gg.add_argument(
         "--out", default="models/gold/generated", help="folder of the models (default models/gold/generated)"
     )
     gg.add_argument("--source", action="append", default=[], help="only this source (repeatable)")
     gg.add_argument(
         "--table-columns", metavar="PATH", help="silver table_columns (default <warehouse>/dbt/silver.db/table_columns)"
+    )
+    gg.add_argument(
+        "--consumer-records",
+        metavar="PATH",
+        help="silver consumer_records, for MongoDB sources (default <warehouse>/dbt/silver.db/consumer_records)",
+    )
+    gg.add_argument(
+        "--depth",
+        type=int,
+        default=1,
+        metavar="N",
+        help="MongoDB: flatten documents nested up to N levels into a__b columns (default 1: top-level fields)",
     )
     gg.add_argument("--no-comments", action="store_true", help="do not read column comments from Postgres sources")
     gg.add_argument(
@@ -207,7 +221,17 @@ def main(argv: list[str] | None = None) -> int:
             from ingest import gold
 
             comments = not args.no_comments
-            for line in gold.generate(cfg, Path(args.out), args.source, args.table_columns, comments, args.check):
+            lines = gold.generate(
+                cfg,
+                Path(args.out),
+                args.source,
+                args.table_columns,
+                comments,
+                args.check,
+                args.consumer_records,
+                args.depth,
+            )
+            for line in lines:
                 print(line)
         elif args.command == "discover":
             from ingest import discover

@@ -6,7 +6,8 @@ the source's catalog when it is a reachable Postgres source (bronze does not car
 model is `<source>__<schema>__<table>`, a view calling the typed_current_state macro with its
 column list, so the SQL is reviewable and a schema change shows up as a diff of the file. A re-run
 rewrites only the files whose content changes and says which columns were added, removed or
-retyped. docs/dbt.md ("Generated gold") describes the files.
+retyped. docs/dbt.md ("Generated gold") describes the files. MongoDB collections have no
+table_columns: ingest/gold_mongodb.py infers their fields from the documents in silver.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from ingest.config import Config, PostgresSource
+from ingest.config import Config, MongoSource, PostgresSource
 from ingest.errors import ConfigError, IngestError
 from ingest.sources.postgres.admin import connect
 
@@ -387,17 +388,44 @@ def add_comments(tables: list[GoldTable], rows: Iterable[tuple[Any, ...]]) -> No
 
 
 def generate(
-    cfg: Config, out: Path, sources: list[str], table_columns: str | None, comments: bool, check: bool = False
+    cfg: Config,
+    out: Path,
+    sources: list[str],
+    table_columns: str | None,
+    comments: bool,
+    check: bool = False,
+    consumer_records: str | None = None,
+    depth: int = 1,
 ) -> list[str]:
-    """Write gold models for every table in table_columns (of `sources`, or all); lines to print.
+    """Write gold models for the captured tables and collections (of `sources`, or all); lines to print.
 
-    The tenants of a source's tenant merge get one model together (ingest/gold_merge.py) instead
-    of one each. `check`: write nothing; GoldOutOfDateError if any file would change.
+    Postgres tables come from table_columns; the tenants of a source's tenant merge get one model
+    together (ingest/gold_merge.py) instead of one each. MongoDB collections come from their live
+    documents in consumer_records (ingest/gold_mongodb.py), nested documents flattened to `depth`.
+    `check`: write nothing; GoldOutOfDateError if any file would change.
     """
+    from ingest import gold_mongodb  # it builds on this module's models
+
+    selected = [cfg.source(s) for s in sources] or cfg.sources  # ConfigError naming the configured ones
+    mongo = [s for s in selected if isinstance(s, MongoSource)]
+    notes: list[str] = []
+    files: list[ModelFiles] = []
+    if len(mongo) < len(selected):  # a Postgres source: its tables' shapes are in table_columns
+        notes, files = _table_models(cfg, sources, table_columns, comments)
+    if mongo:
+        path = consumer_records or f"{cfg.warehouse_uri}/dbt/silver.db/consumer_records"
+        mongo_files, mongo_notes = gold_mongodb.generate(mongo, path, depth, cfg.storage_options)
+        notes += mongo_notes
+        files += mongo_files
+    return notes + write_files(sorted(files, key=lambda f: f.name), out, check)
+
+
+def _table_models(
+    cfg: Config, sources: list[str], table_columns: str | None, comments: bool
+) -> tuple[list[str], list[ModelFiles]]:
+    """Notes and model files of the tables in table_columns (of `sources`, or all)."""
     from ingest import gold_merge  # it builds on this module's models
 
-    for s in sources:
-        cfg.source(s)  # ConfigError naming the configured ones
     path = table_columns or f"{cfg.warehouse_uri}/dbt/silver.db/table_columns"
     tables = tables_from_rows(read_table_columns(path, cfg.storage_options))
     if sources:
@@ -423,5 +451,4 @@ def generate(
         add_comments(mine, rows)
     postgres = {name: src for name, src in configured.items() if isinstance(src, PostgresSource)}
     tables, merged = gold_merge.merge_tables(tables, postgres)
-    files = [table_files(t) for t in tables] + [gold_merge.merged_files(m) for m in merged]
-    return notes + write_files(sorted(files, key=lambda f: f.name), out, check)
+    return notes, [table_files(t) for t in tables] + [gold_merge.merged_files(m) for m in merged]

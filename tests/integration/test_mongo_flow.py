@@ -11,26 +11,33 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import bson
 import pytest
-from bson import Decimal128, Int64, ObjectId
+import yaml
+from bson import Decimal128, Int64, ObjectId, json_util
 from pymongo import MongoClient
 
+from ingest import cli
 from ingest.bronze.writer import BronzeWriter
 from ingest.config import BatchConfig, MongoSource
 from ingest.events import WriterKind
+from ingest.gold import model_name
+from ingest.gold_mongodb import previous_columns
 from ingest.progress import Progress
 from ingest.sources.mongodb.capture import MongoCapture
 from ingest.sources.mongodb.changes import from_ext_json, record_key
 from ingest.sources.mongodb.stream import parse_stored_token
 from ingest.sources.mongodb.verify import verify_collections
+from tests.helpers import engine
 from tests.helpers.delta_rows import read
-from tests.helpers.pg import bronze_events
+from tests.helpers.pg import ROOT, bronze_events
 from tests.helpers.silver import NO_UNIT_TESTS, dbt, silver
 from tests.mongo.server import mongo_java_server
 
@@ -173,8 +180,47 @@ def test_snapshot_then_stream_into_bronze(warehouse: Path, mongo_uri: str, mongo
     assert last.action == "truncate" and last.truncated_tables == [f"{mongo_db.name}.products"]
 
 
+CANONICAL = json_util.JSONOptions(json_mode=json_util.JSONMode.CANONICAL, tz_aware=True, tzinfo=UTC)
+
+
+def ext_json(value: Any) -> Any:
+    """A BSON value as canonical Extended JSON, parsed (what silver's record holds)."""
+    return json.loads(json_util.dumps(value, json_options=CANONICAL))
+
+
+def generated_gold_rows(
+    warehouse: Path, tmp_path: Path, src: MongoSource, capsys: pytest.CaptureFixture[str]
+) -> tuple[str, dict[str, str], list[Any]]:
+    """`gold generate --depth 2` for the source into a copy of the dbt project, one `dbt build` of the
+    model (its contract and tests) and of a table copying the view; (printed lines, fields, rows)."""
+    project = tmp_path / "project"  # a copy: the generated models stay out of the tree
+    for part in ("models", "macros", "tests/dbt"):
+        shutil.copytree(ROOT / part, project / part, ignore=shutil.ignore_patterns("generated"))
+    shutil.copy(ROOT / "dbt_project.yml", project)
+    out = project / "models" / "gold" / "generated"
+    config = tmp_path / "changelake.yml"
+    config.write_text(yaml.safe_dump({"warehouse": str(warehouse), "sources": [src.model_dump()]}))
+    generate = ["-c", str(config), "gold", "generate", "--out", str(out), "--source", src.name, "--depth", "2"]
+    assert cli.main(generate) == 0
+    printed = capsys.readouterr().out
+    model = model_name(src.name, src.database, "products")
+    fields = dict(previous_columns((out / f"{model}.sql").read_text()))
+    # a table over the view, so that delta-rs reads the typed values Spark computed
+    copy = f"{model}_rows"
+    (project / "models" / "gold" / f"{copy}.sql").write_text(
+        f"{{{{ config(materialized='table') }}}}\nselect * from {{{{ ref('{model}') }}}}\n"
+    )
+    built = dbt(warehouse, "build", *NO_UNIT_TESTS, "--select", "path:models/gold/generated", copy, project=project)
+    assert f"OK created sql view model gold.{model}" in built and "PASS unique_" in built, built
+    assert cli.main([*generate, "--check"]) == 0  # nothing changed since: the files are current
+    capsys.readouterr()
+    return printed, fields, read(warehouse / "dbt" / "gold.db" / copy)
+
+
 @pytest.mark.usefixtures("engine")
-def test_stream_to_dbt_consumer_records_equal_the_collection(warehouse: Path, mongo_uri: str, mongo_db: Any) -> None:
+def test_stream_to_dbt_consumer_records_equal_the_collection(
+    warehouse: Path, mongo_uri: str, mongo_db: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     coll = mongo_db.products
     coll.insert_one({"_id": ObjectId(), "placeholder": True})  # the collection exists before the stream
     src = source(mongo_uri, mongo_db)
@@ -183,6 +229,9 @@ def test_stream_to_dbt_consumer_records_equal_the_collection(warehouse: Path, mo
     coll.insert_many(list(seeded.values()))
     capture_once(warehouse, src)
     live = {i: product(i) for i in range(1, 9)}
+    # for typed gold: a nested document (an int and a double at dims.w) and a field of two types
+    live[1].update(dims={"w": 1.5, "unit": "cm"}, code="A-1")
+    live[6].update(dims={"w": 2}, code=6)
     for doc in live.values():
         coll.insert_one(doc)
     coll.update_one({"_id": seeded[10]["_id"]}, {"$set": {"qty": 1000}})  # a streamed change over a page row
@@ -236,6 +285,66 @@ def test_stream_to_dbt_consumer_records_equal_the_collection(warehouse: Path, mo
     assert (p2.qty, str(p2.price)) == (20, "0.50")
     assert gold[str(product(3)["_id"])].price is None  # replaced without a price
     assert set(gold) == {str(d["_id"]) for d in live.values()}
+
+    # consumer_records with a deletion vector: Spark rewrites one live row unchanged (its old copy is
+    # marked deleted in a vector); a reader that ignored the vector would count that document twice.
+    cr = warehouse / "dbt" / "silver.db" / "consumer_records"
+    assert engine.current is not None
+    where = f"source = '{src.name}' and record_pk = '{record_key(live[1]['_id'])}'"
+    engine.current.sql(f"update delta.`{cr}` set record = record where {where}")
+    assert any(cr.rglob("deletion_vector_*")), "Spark wrote no deletion vector"
+    ((spark_count,),) = engine.current.sql(
+        f"select count(*) from delta.`{cr}` where source = '{src.name}' and not deleted"
+    )
+    assert spark_count == 8
+
+    # Typed gold generated from every live document in silver, as delta-rs reads consumer_records
+    # (deletion vectors applied): the same 8 documents Spark sees, each value typed as its BSON type.
+    printed, fields, rows = generated_gold_rows(warehouse, tmp_path, src, capsys)
+    model = model_name(src.name, mongo_db.name, "products")
+    assert f"{model}: new model, 12 columns ({src.name} {mongo_db.name}.products, 8 documents, depth 2)" in printed
+    assert f"{model}: field code has int in 1 document, string in 1 document -> json" in printed
+    assert fields == {
+        "_id": "objectid",
+        "name": "string",
+        "price": "decimal(38,2)",
+        "qty": "int",
+        "views": "bigint",
+        "in_stock": "boolean",
+        "added_at": "timestamp",
+        "tags": "json",
+        "blob": "json",
+        "dims.w": "double",
+        "dims.unit": "string",
+        "code": "json",
+    }
+    by_id = {r["_id"]: r for r in rows}
+    assert set(by_id) == {str(d["_id"]) for d in live.values()} and len(rows) == 8
+    for d in live.values():
+        r = by_id[str(d["_id"])]
+        expected = {
+            "name": d.get("name"),
+            "price": d["price"].to_decimal() if "price" in d else None,
+            "qty": d.get("qty"),
+            "views": d.get("views"),
+            "in_stock": d.get("in_stock"),
+            "added_at": d["added_at"].timestamp() if "added_at" in d else None,
+            "tags": ext_json(d["tags"]) if "tags" in d else None,
+            "blob": ext_json(d["blob"]) if "blob" in d else None,
+            "dims__w": d.get("dims", {}).get("w"),
+            "dims__unit": d.get("dims", {}).get("unit"),
+            "code": d.get("code") if isinstance(d.get("code"), str) else ext_json(d.get("code")),
+        }
+        got = {
+            **{k: r[k] for k in ("name", "price", "qty", "views", "in_stock", "dims__w", "dims__unit")},
+            "added_at": r["added_at"].timestamp() if r["added_at"] else None,
+            "tags": json.loads(r["tags"]) if r["tags"] else None,
+            "blob": json.loads(r["blob"]) if r["blob"] else None,
+            "code": r["code"] if r["code"] is None or not r["code"].startswith("{") else json.loads(r["code"]),
+        }
+        assert got == expected, d["_id"]
+        assert isinstance(r["price"], Decimal | None) and isinstance(r["dims__w"], float | None)
+        assert r["_cl_record_pk"] == record_key(d["_id"]) and same_bson(from_ext_json(r["_cl_record"]), d)
 
     # verify (issue 18) finds the silver this real dbt build made equal to the collection.
     (v,) = verify_collections(src, BronzeWriter(warehouse), [f"{mongo_db.name}.products"], 30.0, 1000, 100, False)
