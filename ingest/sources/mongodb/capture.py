@@ -195,6 +195,10 @@ class MongoCapture:
                 coll, state = self._snapshots.get(timeout=SNAPSHOT_POLL_S)
             except queue.Empty:
                 if self._stream_done.is_set() and self._snapshots.empty():
+                    # A last look at the writer rows: a request registered while the stream ran (a
+                    # collection renamed into the selection) is taken by this run, not the next.
+                    if self._poll_requests():
+                        continue
                     return
                 if time.monotonic() - last_poll >= REQUEST_POLL_S:
                     self._poll_requests()
@@ -364,7 +368,7 @@ class MongoCapture:
             if mapped.event is not None:
                 batcher.add(mapped.event, now)
             if mapped.renamed_to is not None and self._in_scope(mapped.renamed_to):
-                self._snapshot_renamed(mapped.renamed_to, lsn)
+                self._snapshot_renamed(client, mapped.renamed_to, lsn)
             if mapped.invalidated:
                 # The stream is closed: make everything durable with a startAfter token, then reopen.
                 complete_open(now, START_AFTER)
@@ -390,21 +394,21 @@ class MongoCapture:
     def _in_scope(self, ns: Namespace) -> bool:
         return ns.db == self.src.database and ns.coll is not None and self._selected(ns.coll)
 
-    def _snapshot_renamed(self, target: Namespace, lsn: int) -> None:
-        """Queue a snapshot of a collection renamed into the selection: the stream never carried its documents.
+    def _snapshot_renamed(self, client: MongoClient[dict[str, Any]], target: Namespace, lsn: int) -> None:
+        """Request a snapshot of a collection renamed into the selection: the stream never carried its documents.
 
         Its old name's rows (if it was captured) were tombstoned by the rename event; under the new
-        name every document arrives with the snapshot, and its later changes with the stream.
+        name every document arrives with the snapshot, and its later changes with the stream. The
+        request is a snapshot writer registered in bronze (request_snapshot, as the `snapshot`
+        command does), so a run that stops before the snapshot completes leaves it to the next one;
+        the snapshot worker picks it up when it polls the writer rows.
         """
         ts = unpack_cluster_time(lsn)
         log.warning(
-            "source=%s: collection %s was renamed into the selection at clusterTime %d.%d: snapshotting it (if this "
-            "run stops before that snapshot completes and the collection had a completed snapshot under this name "
-            "before, request one: `changelake-ingest snapshot %s`)",
+            "source=%s: collection %s was renamed into the selection at clusterTime %d.%d: snapshotting it",
             self.src.name,
             target.qualified,
             ts.time,
             ts.inc,
-            target.qualified,
         )
-        self._snapshots.put((target.coll or "", None))
+        request_snapshot(self.src, client, self.writer, target.coll or "")

@@ -21,6 +21,7 @@ from ingest.config import BatchConfig, MongoSource
 from ingest.errors import SourceError
 from ingest.events import Action, ChangeEvent, WriterKind
 from ingest.progress import Progress
+from ingest.sources.mongodb import capture as capture_module
 from ingest.sources.mongodb.capture import MongoCapture
 from ingest.sources.mongodb.changes import from_ext_json
 from ingest.sources.mongodb.source import StreamHistoryLostError, scope, translate
@@ -190,10 +191,14 @@ def test_invalidate_stores_a_start_after_token_and_reopens_with_it() -> None:
     assert parse_stored_token(c.batches[-1].resume_token) == (RESUME_AFTER, token(T0, 9))
 
 
-def test_rename_into_scope_queues_a_snapshot_of_the_new_name() -> None:
+def test_rename_into_scope_requests_a_snapshot_of_the_new_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The request is a snapshot writer registered in bronze (request_snapshot), not a queue entry a stop would lose."""
+    requested: list[str] = []
+    monkeypatch.setattr(capture_module, "request_snapshot", lambda src, client, writer, coll: requested.append(coll))
     script = [event("rename", T0, 7, "orders_tmp", to={"db": "shop", "coll": "orders"})]
     cap, c = run_loop(script)
-    assert cap._snapshots.get_nowait() == ("orders", None)
+    assert requested == ["orders"]
+    assert cap._snapshots.empty()
     assert c.batches[0].events[0].truncated_tables == ("shop.orders_tmp",)
 
 
