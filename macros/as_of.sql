@@ -51,27 +51,24 @@
             raise_error({{ sql_literal('as_of: not a timestamp: ' ~ moment, 'string') }})
         ) as moment
     ),
-    as_of_cut as (
-        -- Per source, the last change committed at or before the moment (version starts and ends).
-        select as_of_versions.source, max(as_of_versions.valid_from_lsn) as cut_lsn
-        from as_of_versions
-        inner join as_of_moment on as_of_versions.valid_from <= as_of_moment.moment
-        group by as_of_versions.source
-        union all
-        select as_of_versions.source, max(as_of_versions.valid_to_lsn) as cut_lsn
-        from as_of_versions
-        inner join as_of_moment on as_of_versions.valid_to <= as_of_moment.moment
-        group by as_of_versions.source
-    ),
     as_of_positions as (
-        select source, max(cut_lsn) as cut_lsn
-        from as_of_cut
-        group by source
+        -- Per source, the last change committed at or before the moment (version starts and ends),
+        -- in one pass over the versions (greatest skips a null; a source with neither has a null cut,
+        -- which no version passes below).
+        select
+            as_of_versions.source,
+            greatest(
+                max(case when as_of_versions.valid_from <= as_of_moment.moment then as_of_versions.valid_from_lsn end),
+                max(case when as_of_versions.valid_to <= as_of_moment.moment then as_of_versions.valid_to_lsn end)
+            ) as cut_lsn
+        from as_of_versions
+        cross join as_of_moment
+        group by as_of_versions.source
     )
     {%- else %}
     as_of_positions as (
-        select distinct source, cast({{ lsn }} as bigint) as cut_lsn
-        from as_of_versions
+        -- An LSN comes with its source (checked above): the cut is a literal, not a read.
+        select {{ sql_literal(source, 'string') }} as source, cast({{ lsn }} as bigint) as cut_lsn
     )
     {%- endif %}
     select as_of_versions.*

@@ -1,6 +1,7 @@
 {% macro changelake_touched_tables_predicate(qualifier) %}
     {#-
-        For the whole-table singular silver tests: a predicate on source, table_schema and
+        For the whole-table silver tests (the singular ones, and the key uniqueness tests of the
+        folds through `where: __changelake_touched_tables__`): a predicate on source, table_schema and
         table_name (qualified by `qualifier`) keeping the tables this run's change batch touched
         (model record_changes, computed in this invocation for the incremental runs of both folds).
         The folds wrote no other partition this run (their stored rows are read and merged by the
@@ -30,10 +31,18 @@
     {%- if found.relation is none or not found.all_folds -%}
         {{ return('true') }}
     {%- endif -%}
-    {%- set touched = query_rows_at_execution(
-        'select distinct source, table_schema, table_name from ' ~ found.relation) -%}
-    {%- if touched is none -%}
-        {{ return('true') }}
+    {#- Read once per invocation (the batch is written before either fold, and every caller runs
+        after both); the data tests that call this would otherwise each read it. -#}
+    {%- set cached = graph.get('changelake_touched_tables') -%}
+    {%- if cached and cached.invocation_id == invocation_id -%}
+        {%- set touched = cached.rows -%}
+    {%- else -%}
+        {%- set touched = query_rows_at_execution(
+            'select distinct source, table_schema, table_name from ' ~ found.relation) -%}
+        {%- if touched is none -%}
+            {{ return('true') }}
+        {%- endif -%}
+        {%- do graph.update({'changelake_touched_tables': {'invocation_id': invocation_id, 'rows': touched}}) -%}
     {%- endif -%}
     {{ return(partitions_predicate(qualifier, ['source', 'table_schema', 'table_name'], touched)) }}
 {% endmacro %}

@@ -157,7 +157,7 @@ def test_ingest_and_dbt_build_reproduce_the_source(warehouse: Path, make_source:
     # sequin_events changed although that run then finds nothing new (below).
     dbt(warehouse, "build", *NO_UNIT_TESTS, "--exclude", "fct_change_activity")
     # The silver data tests of this build read its rows only (dbt_project.yml, where), but for the
-    # whole-table key check of consumer_records.
+    # key check of consumer_records, which reads the tables the batch touched, whole.
     compiled = warehouse.parent / "dbt-target" / "run" / "changelake" / "models" / "silver" / "_silver__models.yml"
     # dbt names a generic test longer than 63 characters by a hash: find a model's tests by their text.
     assert f"source = '{s.name}' and commit_lsn > {loaded[s.name]} and commit_lsn <= " in compiled_test(
@@ -166,6 +166,7 @@ def test_ingest_and_dbt_build_reproduce_the_source(warehouse: Path, make_source:
     key_test = [p.read_text() for p in compiled.glob("unique_combination_of_columns_*.sql")]
     key_test = [text for text in key_test if "consumer_records" in text]
     assert len(key_test) == 1 and "commit_lsn" not in key_test[0]
+    assert f"(changelake_tested.source = '{s.name}' and changelake_tested.table_schema = " in key_test[0]
     # No key change left a TOASTed value unchanged in this batch: the folds planned none of the
     # CTEs that complete such values (macro consumer_records_scan_bounds, moves_toast).
     models = warehouse.parent / "dbt-target" / "compiled" / "changelake" / "models" / "silver"
