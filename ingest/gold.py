@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -204,19 +204,28 @@ def column_line(c: GoldColumn) -> str:
     return f"        [{jinja_literal(c.name)}, {jinja_literal(c.spark_type)}, {jinja_literal(c.output_name)}],\n"
 
 
-def previous_columns(sql: str) -> list[tuple[str, str]]:
-    """(source column, Spark type) of a model file render_sql wrote (empty for any other file)."""
-    out = []
-    for line in sql.splitlines():
-        m = _COLUMN_LINE.match(line)
+def listed_items(sql: str, line: re.Pattern[str]) -> Iterator[Any]:
+    """The JSON value of each line of a generated model file that `line` matches (group 1); lines not JSON are skipped.
+
+    The generators write one list item per line (a column, a tenant) so that a re-run can read the
+    previous list back from the file.
+    """
+    for text in sql.splitlines():
+        m = line.match(text)
         if m:
             try:
-                item = json.loads(m.group(1))
+                yield json.loads(m.group(1))
             except json.JSONDecodeError:
                 continue
-            if isinstance(item, list) and len(item) == 3 and all(isinstance(x, str) for x in item):
-                out.append((item[0], item[1]))
-    return out
+
+
+def previous_columns(sql: str) -> list[tuple[str, str]]:
+    """(source column, Spark type) of a model file render_sql wrote (empty for any other file)."""
+    return [
+        (item[0], item[1])
+        for item in listed_items(sql, _COLUMN_LINE)
+        if isinstance(item, list) and len(item) == 3 and all(isinstance(x, str) for x in item)
+    ]
 
 
 def render_yml(t: GoldTable) -> str:
@@ -285,8 +294,11 @@ def model_yml(model: dict[str, Any]) -> str:
 
 def diff(old: list[tuple[str, str]], new: list[GoldColumn]) -> list[str]:
     """What changed between a model's previous columns and its new ones, as phrases."""
-    before = dict(old)
-    after = {c.name: c.spark_type for c in new}
+    return type_changes(dict(old), {c.name: c.spark_type for c in new})
+
+
+def type_changes(before: Mapping[str, str], after: Mapping[str, str]) -> list[str]:
+    """Names added, removed and retyped from `before` to `after` (name -> type), as phrases, in that order."""
     out = [f"added {n} ({t})" for n, t in after.items() if n not in before]
     out += [f"removed {n}" for n in before if n not in after]
     out += [f"retyped {n} {before[n]} -> {t}" for n, t in after.items() if n in before and before[n] != t]

@@ -29,6 +29,7 @@ from ingest.gold import (
     diff,
     inert,
     jinja_literal,
+    listed_items,
     model_yml,
     previous_columns,
 )
@@ -171,17 +172,11 @@ def render_merged_sql(m: MergedTable) -> str:
 
 def previous_tenants(sql: str) -> list[str]:
     """The tenant values of a model file render_merged_sql wrote (empty for any other file)."""
-    out = []
-    for line in sql.splitlines():
-        m = _TENANT_LINE.match(line)
-        if m:
-            try:
-                item = json.loads(m.group(1))
-            except json.JSONDecodeError:
-                continue
-            if isinstance(item, dict) and isinstance(item.get("tenant"), str):
-                out.append(item["tenant"])
-    return out
+    return [
+        item["tenant"]
+        for item in listed_items(sql, _TENANT_LINE)
+        if isinstance(item, dict) and isinstance(item.get("tenant"), str)
+    ]
 
 
 def render_merged_yml(m: MergedTable) -> str:

@@ -25,8 +25,7 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from ingest.sources.postgres.published import supports_column_lists, table_spec, wanted_column_list
-from ingest.sources.postgres.scope import publish_after_writers
+from ingest.sources.postgres.scope import publish_with_columns
 
 if TYPE_CHECKING:
     from ingest.sources.postgres.admin import PostgresAdmin
@@ -196,9 +195,8 @@ class MembershipWatch:
     def _publish_again(self, admin: PostgresAdmin, table: str, rec: frozenset[str] | None) -> bool:
         """Add a table that left the managed publication back (scope.py's way); False if its writers hold it."""
         src = admin.src
-        columns = wanted_column_list(admin, table, src.masks().table(table)) if supports_column_lists(admin) else None
         try:
-            publish_after_writers(admin, {table: table_spec(table, columns)}, REPUBLISH_LOCK_TIMEOUT)
+            publish_with_columns(admin, table, REPUBLISH_LOCK_TIMEOUT)
         except psycopg.errors.LockNotAvailable:
             log.info("source=%s: table %s is being written to; publishing it at the next check", src.name, table)
             return False

@@ -133,6 +133,14 @@ def report_scope(source: str, publication: str, scope: Scope) -> None:
         )
 
 
+def publish_with_columns(admin: PostgresAdmin, table: str, lock_timeout: str) -> None:
+    """Add `table` with the column list its rules want (15+) once its writers have ended (publish_after_writers)."""
+    columns = None
+    if supports_column_lists(admin):
+        columns = wanted_column_list(admin, table, admin.src.masks().table(table))
+    publish_after_writers(admin, {table: table_spec(table, columns)}, lock_timeout)
+
+
 def publish_after_writers(admin: PostgresAdmin, specs: dict[str, sql.Composable], lock_timeout: str) -> None:
     """Add the tables (`specs`: table -> its publication spec) under a SHARE lock on each (module doc).
 
@@ -214,10 +222,7 @@ class ScopeWatch:
         admin = self.admin
         if table in publication_members(admin):
             return
-        columns = None
-        if supports_column_lists(admin):
-            columns = wanted_column_list(admin, table, admin.src.masks().table(table))
-        publish_after_writers(admin, {table: table_spec(table, columns)}, PUBLISH_LOCK_TIMEOUT)
+        publish_with_columns(admin, table, PUBLISH_LOCK_TIMEOUT)
 
     def _retire(self, table: str) -> None:
         """Tombstone a table that left scope where the stream meets it, and take it out of the publication."""
