@@ -217,7 +217,7 @@ class MongoCapture:
         """`on_history_lost: resnapshot`: tombstone every collection now; the stream restarts here.
 
         With patterns in the selection (or the whole database), "every collection" includes those
-        bronze holds that the selection matches and are gone now (W6): one dropped during the lost
+        bronze holds that the selection matches and are gone now: one dropped during the lost
         window, whose drop event fell off the oplog, would otherwise keep its rows live in silver
         forever.
         """
