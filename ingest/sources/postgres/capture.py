@@ -381,7 +381,8 @@ class PostgresCapture:
         try:
             t0 = time.monotonic()
             self.writer.ensure_tables()
-            self._register(admin, SourcePositions.read(self.writer, self.src.name))
+            positions = SourcePositions.read(self.writer, self.src.name)  # the start's one read of the rows
+            self._register(admin, positions)
             resume = Resume(
                 self.durable_lsn, self.writer.last_event_position(self.src.name, STREAM_WRITER_ID, self.durable_lsn)
             )
@@ -423,9 +424,9 @@ class PostgresCapture:
                 reached_source()  # the server took START_REPLICATION: a later failure is a new outage
                 if self.snapshots:
                     # Registered after the stream writer: each snapshot writer starts at the safe bound.
-                    self.snapshotter.load()
+                    self.snapshotter.load(positions)
                     if self.src.snapshot.initial:
-                        self.snapshotter.request_initial(lambda: admin.slot_health().current_wal_lsn)
+                        self.snapshotter.request_initial(lambda: admin.slot_health().current_wal_lsn, positions)
                     self._record_shapes_now(admin, catalog, known)
                     snapshotter = self.snapshotter
                     snapshots = SnapshotThread(

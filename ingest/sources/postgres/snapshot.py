@@ -183,9 +183,17 @@ class Snapshotter:
         self._control_version: int | None = None  # the snapshot_control version the pauses were read at
 
     # -- registration ----------------------------------------------------------------------
-    def load(self) -> list[SnapshotTask]:
-        """Pick up the source's snapshot writers from bronze (unfinished or requested ones)."""
-        rows = [pos for pos, _ in self.writer.positions(self.src.name) if pos.writer_kind is WriterKind.SNAPSHOT]
+    def load(self, positions: SourcePositions | None = None) -> list[SnapshotTask]:
+        """Pick up the source's snapshot writers from bronze (unfinished or requested ones).
+
+        `positions`: the writer rows as the caller read them (a run reads them once at its start);
+        None reads them now. Rows from the start are as good as fresh ones until the snapshot
+        threads run: nothing else changes them meanwhile (this process adds its own writers to
+        `tasks` as it registers them; a `snapshot` command's later request is found by the next
+        load, a pause by the thread's check before each page).
+        """
+        read = positions.rows if positions is not None else self.writer.positions(self.src.name)
+        rows = [pos for pos, _ in read if pos.writer_kind is WriterKind.SNAPSHOT]
         with self._lock:  # a snapshot thread may have retired one of these rows since they were read
             known = {t.writer_id for t in [*self.tasks, *self.completed]}
             self.tasks.extend(
@@ -228,10 +236,15 @@ class Snapshotter:
             log.info("snapshot requested source=%s table=%s snapshot_id=%s", self.src.name, t.table, t.snapshot_id)
         return new
 
-    def request_initial(self, current_lsn: Callable[[], int]) -> list[SnapshotTask]:
-        """Request a snapshot of every configured table that never completed one and has none running."""
+    def request_initial(
+        self, current_lsn: Callable[[], int], positions: SourcePositions | None = None
+    ) -> list[SnapshotTask]:
+        """Request a snapshot of every configured table that never completed one and has none running.
+
+        `positions` as for `load`; a new writer's start is read afresh (the safe bound must be now's).
+        """
         done = self.writer.completed_snapshots(self.src.name)
-        running = {t.table for t in self.load() if t.where is None}  # a filtered one reads only some rows
+        running = {t.table for t in self.load(positions) if t.where is None}  # a filtered one reads only some rows
         return self.request([t for t in self.src.tables if t not in done and t not in running], current_lsn)
 
     def request_rereads(self, current_lsn: Callable[[], int]) -> list[SnapshotTask]:
