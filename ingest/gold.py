@@ -255,6 +255,7 @@ def column_docs(t: GoldTable, unique_key: bool = True) -> list[dict[str, Any]]:
     columns: list[dict[str, Any]] = []
     for c in t.columns:
         typed = f"{c.type_name} as {c.spark_type}" if c.type_name != c.spark_type else c.type_name
+        typed += type_note(c.spark_type)
         doc = inert(t.column_comments.get(c.name) or f"Source column {c.name!r}.")
         col: dict[str, Any] = {
             "name": c.output_name,
@@ -284,6 +285,19 @@ def column_docs(t: GoldTable, unique_key: bool = True) -> list[dict[str, Any]]:
         if n != "_cl_record_pk"
     ]
     return columns
+
+
+def type_note(spark_type: str) -> str:
+    """What a column of `spark_type` leaves out of its source values, for its description ('' for none).
+
+    The nulls json_text_to_spark_type makes of values the Spark type cannot hold, where they are
+    not plainly the source's own (docs/dbt.md, "Gold types").
+    """
+    if spark_type.startswith("array<"):
+        return "; a multi-dimensional value is null here, silver keeps it"
+    if spark_type.startswith("struct<lower:"):
+        return "; a range: lower and upper are null when unbounded or infinite"
+    return ""
 
 
 def model_yml(model: dict[str, Any]) -> str:

@@ -35,7 +35,10 @@ create table typed (
     c_bool bool, c_date date, c_time time, c_timestamp timestamp, c_timestamptz timestamptz,
     c_interval interval, c_uuid uuid, c_json json, c_jsonb jsonb, c_bytea bytea,
     c_int_array int[], c_text_array text[], c_int_matrix int[][],
-    c_enum mood, c_domain posint, c_amount amount, c_amount_array amount[]
+    c_enum mood, c_domain posint, c_amount amount, c_amount_array amount[],
+    c_ts_array timestamptz[], c_numeric_array numeric(6, 2)[], c_bool_array bool[], c_uuid_array uuid[],
+    c_jsonb_array jsonb[], c_int4range int4range, c_tstzrange tstzrange, c_daterange daterange, c_numrange numrange,
+    c_range_array int4range[]
 )
 """
 
@@ -45,14 +48,20 @@ ROWS = [
        'vc', 'ab', true, '2024-02-29', '13:14:15.5', '2024-01-02 03:04:05.123456',
        '2024-01-02 03:04:05+02', '1 day 2 hours', 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11',
        '{"a": [1, 2]}', '{"b": null}', '\\x00ff10', '{1,NULL,3}', '{"a,b","c\\"d",NULL,"NULL"}',
-       '{{1,2},{3,4}}', 'happy', 7, 1.5, '{2.25}')""",
+       '{{1,2},{3,4}}', 'happy', 7, 1.5, '{2.25}', '{"2024-01-02 03:04:05+02",infinity,NULL}', '{1.5,NaN,NULL}',
+       '{t,f,NULL}', '{a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11}', array['{"k": [1]}'::jsonb, 'null', NULL],
+       '[1,10)', '[2024-01-01 00:00+00,2024-02-01 00:00+00)', '[2024-01-01,infinity)', '(1.5,2.25]',
+       '{"[1,3)",empty,NULL}')""",
     # id 2: special values
-    """insert into typed (id, c_numeric_free, c_float4, c_float8, c_timestamp, c_timestamptz, c_date, c_json, c_jsonb)
-       values (2, 'NaN', 'NaN', '-Infinity', 'infinity', '-infinity', 'infinity', 'null', 'null')""",
+    """insert into typed (id, c_numeric_free, c_float4, c_float8, c_timestamp, c_timestamptz, c_date, c_json, c_jsonb,
+       c_int_array, c_int4range, c_tstzrange)
+       values (2, 'NaN', 'NaN', '-Infinity', 'infinity', '-infinity', 'infinity', 'null', 'null', '{}', 'empty',
+       '(,2024-01-01 00:00+00]')""",
     # id 3: all NULL
     "insert into typed (id) values (3)",
-    # id 4: float infinity and extremes
-    "insert into typed (id, c_float8, c_int8, c_int2) values (4, 'Infinity', -9223372036854775808, -32768)",
+    # id 4: float infinity and extremes; array elements with braces, a backslash, empty and spaced; an unbounded range
+    """insert into typed (id, c_float8, c_int8, c_int2, c_text_array, c_int4range)
+       values (4, 'Infinity', -9223372036854775808, -32768, '{"{x}","\\\\z",""," sp "}', '[5,)')""",
 ]
 
 EXPECTED = {
@@ -84,6 +93,11 @@ EXPECTED = {
         "c_domain": 7,
         "c_amount": "1.50",
         "c_amount_array": ["2.25"],
+        "c_numeric_array": ["1.50", "NaN", None],
+        "c_jsonb_array": ['{"k": [1]}', "null", None],
+        "c_int4range": "[1,10)",
+        "c_tstzrange": '["2024-01-01 00:00:00+00","2024-02-01 00:00:00+00")',
+        "c_range_array": ["[1,3)", "empty", None],
     },
     2: {
         "c_numeric_free": "NaN",
@@ -94,8 +108,17 @@ EXPECTED = {
         "c_date": "infinity",
         "c_json": "null",
         "c_jsonb": "null",
+        "c_int_array": [],
+        "c_int4range": "empty",
+        "c_tstzrange": '(,"2024-01-01 00:00:00+00"]',
     },
-    4: {"c_float8": "Infinity", "c_int8": -9223372036854775808, "c_int2": -32768},
+    4: {
+        "c_float8": "Infinity",
+        "c_int8": -9223372036854775808,
+        "c_int2": -32768,
+        "c_text_array": ["{x}", "\\z", "", " sp "],
+        "c_int4range": "[5,)",
+    },
 }
 
 
@@ -128,6 +151,16 @@ TYPE_NAMES = {
     "c_domain": "integer",
     "c_amount": "numeric(12,2)",
     "c_amount_array": "amount[]",
+    "c_ts_array": "timestamp with time zone[]",
+    "c_numeric_array": "numeric(6,2)[]",
+    "c_bool_array": "boolean[]",
+    "c_uuid_array": "uuid[]",
+    "c_jsonb_array": "jsonb[]",
+    "c_int4range": "int4range",
+    "c_tstzrange": "tstzrange",
+    "c_daterange": "daterange",
+    "c_numrange": "numrange",
+    "c_range_array": "int4range[]",
 }
 
 
@@ -184,9 +217,20 @@ def test_the_dbt_fixture_writes_what_ingest_writes(warehouse: Any, make_source: 
     assert [c.attnum for c in rel.columns] == [1, 2, 3, 4, 5, 6]
 
 
+# The gold struct of a built-in range whose bounds are `bound` (docs/dbt.md "Gold types").
+def _range(bound: str) -> str:
+    return f"struct<lower:{bound},upper:{bound},lower_inc:boolean,upper_inc:boolean,empty:boolean>"
+
+
+def _bounds(lower: Any, upper: Any, lower_inc: bool, upper_inc: bool, empty: bool = False) -> dict[str, Any]:
+    return {"lower": lower, "upper": upper, "lower_inc": lower_inc, "upper_inc": upper_inc, "empty": empty}
+
+
+EMPTY = _bounds(None, None, False, False, True)
 # Gold (typed_current_state via the generated models) of each row of ROWS, per column: the Spark type and
-# each row's value as Spark prints it (cast to string); rows not listed are null. docs/dbt.md "Gold types".
-GOLD = {
+# each row's value as Spark prints it (cast to string; arrays and structs as the JSON Spark writes, decoded,
+# numbers with a fraction as their text); rows not listed are null. docs/dbt.md "Gold types".
+GOLD: dict[str, tuple[str, dict[int, Any]]] = {
     "c_int2": ("int", {1: "1", 4: "-32768"}),
     "c_int4": ("int", {1: "2"}),
     "c_int8": ("bigint", {1: "9007199254740993", 4: "-9223372036854775808"}),
@@ -207,13 +251,37 @@ GOLD = {
     "c_json": ("string", {1: '{"a": [1, 2]}', 2: "null"}),  # the json value null, not SQL NULL
     "c_jsonb": ("string", {1: '{"b": null}', 2: "null"}),
     "c_bytea": ("string", {1: "\\x00ff10"}),
-    "c_int_array": ("string", {1: "[1,null,3]"}),  # arrays as JSON text
-    "c_text_array": ("string", {1: '["a,b","c\\"d",null,"NULL"]'}),
-    "c_int_matrix": ("string", {1: "[[1,2],[3,4]]"}),
+    "c_int_array": ("array<int>", {1: [1, None, 3], 2: []}),
+    "c_text_array": ("array<string>", {1: ["a,b", 'c"d', None, "NULL"], 4: ["{x}", "\\z", "", " sp "]}),
+    "c_int_matrix": ("array<int>", {}),  # multi-dimensional: null (silver keeps [[1,2],[3,4]])
     "c_enum": ("string", {1: "happy"}),
     "c_domain": ("int", {1: "7"}),
     "c_amount": ("decimal(12,2)", {1: "1.50"}),  # a domain over numeric(12,2)
-    "c_amount_array": ("string", {1: '["2.25"]'}),
+    "c_amount_array": ("array<string>", {1: ["2.25"]}),  # an array of a domain: the domain's name, a string
+    "c_ts_array": ("array<timestamp>", {1: ["2024-01-02T01:04:05.000Z", None, None]}),  # infinity -> null
+    "c_numeric_array": ("array<decimal(6,2)>", {1: ["1.50", None, None]}),  # NaN -> null
+    "c_bool_array": ("array<boolean>", {1: [True, False, None]}),
+    "c_uuid_array": ("array<string>", {1: ["a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"]}),
+    "c_jsonb_array": ("array<string>", {1: ['{"k": [1]}', "null", None]}),
+    "c_int4range": ("struct", {1: _bounds(1, 10, True, False), 2: EMPTY, 4: _bounds(5, None, True, False)}),
+    "c_tstzrange": (
+        "struct",
+        {
+            1: _bounds("2024-01-01T00:00:00.000Z", "2024-02-01T00:00:00.000Z", True, False),
+            2: _bounds(None, "2024-01-01T00:00:00.000Z", False, True),
+        },
+    ),
+    "c_daterange": ("struct", {1: _bounds("2024-01-01", None, True, False)}),  # infinity: null, as unbounded
+    "c_numrange": ("struct", {1: _bounds("1.5", "2.25", False, True)}),  # unbounded numeric: exact text
+    "c_range_array": ("array", {1: [_bounds(1, 3, True, False), EMPTY, None]}),
+}
+# Range columns' full Spark types (GOLD abbreviates them).
+GOLD_TYPES = {
+    "c_int4range": _range("int"),
+    "c_tstzrange": _range("timestamp"),
+    "c_daterange": _range("date"),
+    "c_numrange": _range("string"),
+    "c_range_array": f"array<{_range('int')}>",
 }
 # Column names that broke or injected into gold SQL before S1 was fixed, and two that differ by case only.
 ODD_SQL = '''
@@ -244,12 +312,25 @@ def _spark_str(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def _gold_rows(warehouse: Path, project: Path, models: dict[str, list[str]]) -> dict[str, list[dict[str, Any]]]:
-    """Every row of each gold model: {column: [Spark type, value as a string]} (one dbt show for all)."""
+def _gold_value(column: str, complex_type: bool) -> str:
+    """A gold column's value as a string: cast, or for an array or struct the JSON of {"v": value} (nulls kept)."""
+    c = f"`{column.replace('`', '``')}`"
+    if complex_type:
+        return f"if({c} is null, null, to_json(named_struct('v', {c}), map('ignoreNullFields', 'false')))"
+    return f"cast({c} as string)"
+
+
+def _gold_rows(
+    warehouse: Path, project: Path, models: dict[str, list[str]], complex_columns: frozenset[str] = frozenset()
+) -> dict[str, list[dict[str, Any]]]:
+    """Every row of each gold model: {column: [Spark type, value as a string]} (one dbt show for all).
+
+    `complex_columns` (arrays, structs) come as the JSON of {"v": value} (_gold_value).
+    """
     selects = []
     for model, columns in models.items():
         pairs = ", ".join(
-            f"{_spark_str(c)}, array(typeof(`{c.replace('`', '``')}`), cast(`{c.replace('`', '``')}` as string))"
+            f"{_spark_str(c)}, array(typeof(`{c.replace('`', '``')}`), {_gold_value(c, c in complex_columns)})"
             for c in columns
         )
         selects.append(
@@ -303,21 +384,29 @@ def test_gold_is_typed_and_quoted_for_every_column(
     assert cli.main(["-c", str(config), "gold", "generate", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     typed, odd = f"{s.name}__{s.schema}__typed", model_name(s.name, s.schema, 'Odd "table"')
-    assert f"{typed}: new model, 28 columns" in printed and f"{odd}: new model, 10 columns" in printed, printed
+    assert f"{typed}: new model, 38 columns" in printed and f"{odd}: new model, 10 columns" in printed, printed
     typed_yml = yaml.safe_load((out / f"{typed}.yml").read_text())["models"][0]
     assert typed_yml["description"] == "Every type of the matrix ({ oops }}"  # the source's comment, made inert
     docs = {c["name"]: c for c in typed_yml["columns"]}
     assert docs["c_numeric"]["description"] == "An exact amount (numeric(12,3) as decimal(12,3))"
     assert docs["id"]["data_tests"] == ["not_null", "unique"]
     assert docs["_cl_record_pk"]["data_tests"] == ["unique", "not_null"]
+    assert docs["c_int_array"]["data_type"] == "array<int>"
+    assert "(integer[] as array<int>; a multi-dimensional value is null here" in docs["c_int_array"]["description"]
+    assert docs["c_int4range"]["data_type"] == GOLD_TYPES["c_int4range"]
     dbt(warehouse, "build", "--select", "path:models/gold/generated", project=project)  # with the yml's tests
 
-    gold = _gold_rows(warehouse, project, {typed: ["id", *GOLD], odd: list(ODD_GOLD)})
+    types = {c: GOLD_TYPES.get(c, t) for c, (t, _) in GOLD.items()}
+    complex_columns = frozenset(c for c, t in types.items() if t.startswith(("array<", "struct<")))
+    gold = _gold_rows(warehouse, project, {typed: ["id", *GOLD], odd: list(ODD_GOLD)}, complex_columns)
     got = {int(r["id"][1]): r for r in gold[typed]}
     assert set(got) == {1, 2, 3, 4}
-    for column, (spark_type, values) in GOLD.items():
+    for column, (_, values) in GOLD.items():
         for rid, row in got.items():
-            assert row[column] == [spark_type, values.get(rid)], f"{column}, row {rid}"
+            spark_type, value = row[column]
+            if column in complex_columns and value is not None:
+                value = json.loads(value, parse_float=str)["v"]
+            assert [spark_type, value] == [types[column], values.get(rid)], f"{column}, row {rid}"
     (odd_row,) = gold[odd]
     assert {c: v[1] for c, v in odd_row.items()} == ODD_GOLD
 
