@@ -165,3 +165,28 @@ def test_two_tables_on_one_model_name_are_refused(tmp_path: Path) -> None:
     tables = tables_from_rows(ORDERS)
     with pytest.raises(ConfigError, match="same model name"):
         write_models(tables + tables, tmp_path)
+
+
+def test_array_and_range_columns_are_typed_and_say_what_gold_leaves_out(tmp_path: Path, capsys: Any) -> None:
+    """table_columns built before arrays and ranges were typed says string; rebuilt, gold generate retypes them."""
+    table_columns = tmp_path / "warehouse" / "dbt" / "silver.db" / "table_columns"
+    before = [
+        row("slots", 1, "id", "bigint", "bigint", 1),
+        row("slots", 2, "tags", "text[]", "string"),
+        row("slots", 3, "during", "tstzrange", "string"),
+    ]
+    write_table_columns(table_columns, before)
+    generate(tmp_path, capsys)
+    during = "struct<lower:timestamp,upper:timestamp,lower_inc:boolean,upper_inc:boolean,empty:boolean>"
+    after = [before[0], {**before[1], "spark_type": "array<string>"}, {**before[2], "spark_type": during}]
+    write_table_columns(table_columns, after)
+    out = generate(tmp_path, capsys)
+    assert f"retyped tags string -> array<string>; retyped during string -> {during}" in out
+    model = yaml.safe_load((tmp_path / "gold" / "shop__public__slots.yml").read_text())["models"][0]
+    docs = {c["name"]: c for c in model["columns"]}
+    assert docs["tags"]["data_type"] == "array<string>" and docs["during"]["data_type"] == during
+    assert docs["tags"]["description"] == (
+        "Source column 'tags'. (text[] as array<string>; a multi-dimensional value is null here, silver keeps it)"
+    )
+    assert "; a range: lower and upper are null when unbounded or infinite)" in docs["during"]["description"]
+    assert docs["id"]["description"] == "Source column 'id'. (bigint)"
