@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ import psycopg
 import pytest
 
 from ingest.config import PostgresSource
+from ingest.sources.postgres import replication
+from ingest.sources.postgres.streamed import SPILL_BYTES, StreamedTransactions
 from tests.helpers.pg import PgSource, bronze_events, capture_once, confirmed_flush, prepare
 
 ROWS = 5000
@@ -85,7 +88,12 @@ def two_sources(src: PgSource) -> tuple[PostgresSource, PostgresSource]:
     return streaming, plain
 
 
-def test_streamed_transactions_land_as_protocol_1_lands_them(src: PgSource, tmp_path: Path) -> None:
+@pytest.mark.parametrize("spill_bytes", [SPILL_BYTES, 1], ids=["held", "spilled"])
+def test_streamed_transactions_land_as_protocol_1_lands_them(
+    src: PgSource, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spill_bytes: int
+) -> None:
+    """Held in memory or spilled to ingest's temporary file from the first change on, the same bronze."""
+    monkeypatch.setattr(replication, "StreamedTransactions", partial(StreamedTransactions, spill_bytes))
     streaming, plain = two_sources(src)
     with psycopg.connect(src.dsn, autocommit=True) as other:
         workload(src, other)

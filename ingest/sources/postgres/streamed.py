@@ -12,6 +12,7 @@ any transaction (a large one is paged behind the safe bound, DESIGN §4).
 
 from __future__ import annotations
 
+import marshal
 import struct
 import tempfile
 from collections.abc import Iterator
@@ -39,27 +40,38 @@ from ingest.sources.postgres.pgoutput import (
 # without bound. Each held message costs about 100 bytes of Python objects beside its own bytes.
 SPILL_BYTES: Final = 64 * 1024 * 1024
 STREAM_CONTROL: Final = frozenset(MSG_STREAM_START + MSG_STREAM_STOP + MSG_STREAM_COMMIT + MSG_STREAM_ABORT)
-_SPILLED = struct.Struct("!II")  # (sub)transaction xid, message length
+# A spilled transaction's changes are written in segments of this many changes or bytes at most.
+SEGMENT_ITEMS: Final = 4096
+SEGMENT_BYTES: Final = 1024 * 1024
+_LENGTH = struct.Struct("!Q")  # a spill file segment's length, before its marshal record
 _BEGIN = struct.Struct("!QqI")  # as pgoutput.py reads them
 _COMMIT = struct.Struct("!BQQq")
-_READ_CHUNK = 1 << 20
 
 
 @dataclass(slots=True)
 class _Open:
-    """One streamed, not yet ended transaction: its changes as (xid, protocol 1 message), in order."""
+    """One streamed, not yet ended transaction: its changes as (xid, protocol 1 message), in order.
+
+    In memory until it is spilled; from then on its changes go to the spill file in segments
+    (one `marshal` record of up to SEGMENT_ITEMS changes or SEGMENT_BYTES bytes, whichever comes
+    first), so that writing and reading them back costs one call per segment, not per change.
+    """
 
     first_lsn: int
     held: list[tuple[int, bytes]] = field(default_factory=list)
     held_bytes: int = 0
     spill: IO[bytes] | None = None
     aborted: set[int] = field(default_factory=set)
+    segment: list[tuple[int, bytes]] = field(default_factory=list)  # not yet written to `spill`
+    segment_bytes: int = 0
 
     def add(self, xid: int, payload: bytes) -> int:
-        """Hold one change; the bytes it added to memory."""
+        """Hold one change; the bytes it added to memory (a spilled transaction's segment counts none)."""
         if self.spill is not None:
-            self.spill.write(_SPILLED.pack(xid, len(payload)))
-            self.spill.write(payload)
+            self.segment.append((xid, payload))
+            self.segment_bytes += len(payload)
+            if len(self.segment) >= SEGMENT_ITEMS or self.segment_bytes >= SEGMENT_BYTES:
+                self._write_segment()
             return 0
         self.held.append((xid, payload))
         self.held_bytes += len(payload)
@@ -69,14 +81,23 @@ class _Open:
         """Move the held changes to a temporary file (deleted when closed); the bytes freed."""
         self.spill = tempfile.TemporaryFile(prefix="changelake-streamed-")  # noqa: SIM115 - closed in changes()
         freed = self.held_bytes
-        for xid, payload in self.held:
+        held, self.held, self.held_bytes = self.held, [], 0
+        for xid, payload in held:
             self.add(xid, payload)
-        self.held, self.held_bytes = [], 0
         return freed
+
+    def _write_segment(self) -> None:
+        assert self.spill is not None
+        data = marshal.dumps(self.segment)
+        self.spill.write(_LENGTH.pack(len(data)))
+        self.spill.write(data)
+        self.segment, self.segment_bytes = [], 0
 
     def abort(self, subxid: int) -> int:
         """Drop a subtransaction's changes (held ones now, spilled ones when read back); the bytes freed."""
         self.aborted.add(subxid)
+        self.segment = [(x, p) for x, p in self.segment if x != subxid]
+        self.segment_bytes = sum(len(p) for _, p in self.segment)
         kept = [(x, p) for x, p in self.held if x != subxid]
         freed = self.held_bytes - sum(len(p) for _, p in kept)
         self.held, self.held_bytes = kept, self.held_bytes - freed
@@ -85,22 +106,34 @@ class _Open:
     def changes(self) -> Iterator[bytes]:
         """The changes of the transaction that were not aborted, in stream order; closes the spill file."""
         if self.spill is not None:
+            if self.segment:
+                self._write_segment()
             spill, self.spill = self.spill, None
             try:
                 spill.seek(0)
-                reader = _Reader(spill)
-                while (head := reader.read(_SPILLED.size)) is not None:
-                    xid, length = _SPILLED.unpack(head)
-                    payload = reader.read(length)
-                    if payload is None:
-                        raise SourceError("a streamed transaction's spill file ended early (the local disk lost it)")
-                    if xid not in self.aborted:
-                        yield payload
+                while head := spill.read(_LENGTH.size):
+                    length = _LENGTH.unpack(head)[0] if len(head) == _LENGTH.size else -1
+                    data = spill.read(length) if length >= 0 else b""
+                    try:
+                        if len(data) != length:
+                            raise EOFError(f"{len(data)} of {length} bytes")
+                        segment = marshal.loads(data)
+                    except (EOFError, ValueError, TypeError) as e:
+                        raise SourceError(
+                            f"a streamed transaction's spill file ended early or is damaged ({e}): the local disk "
+                            "lost it; run again (the server streams the transaction again from its start)"
+                        ) from e
+                    yield from self._kept(segment)
             finally:
                 spill.close()
-        for xid, payload in self.held:
-            if xid not in self.aborted:
-                yield payload
+        yield from self._kept(self.held)
+
+    def _kept(self, changes: list[tuple[int, bytes]]) -> Iterator[bytes]:
+        """The messages of `changes` whose (sub)transaction was not aborted."""
+        if self.aborted:
+            aborted = self.aborted
+            return (payload for xid, payload in changes if xid not in aborted)
+        return (payload for _, payload in changes)
 
     def close(self) -> None:
         """Forget the transaction (its spill file is deleted)."""
@@ -108,27 +141,7 @@ class _Open:
             self.spill.close()
             self.spill = None
         self.held, self.held_bytes = [], 0
-
-
-class _Reader:
-    """Reads fixed-size pieces of a spill file through a large buffer."""
-
-    def __init__(self, f: IO[bytes]) -> None:
-        self.f = f
-        self.buf = b""
-        self.pos = 0
-
-    def read(self, n: int) -> bytes | None:
-        """The next `n` bytes, or None at the end of the file."""
-        while len(self.buf) - self.pos < n:
-            more = self.f.read(max(_READ_CHUNK, n))
-            if not more:
-                return None
-            self.buf = self.buf[self.pos :] + more
-            self.pos = 0
-        out = self.buf[self.pos : self.pos + n]
-        self.pos += n
-        return out
+        self.segment, self.segment_bytes = [], 0
 
 
 class StreamedTransactions:

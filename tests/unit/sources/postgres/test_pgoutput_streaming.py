@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from ingest.errors import SourceError
-from ingest.sources.postgres import native
+from ingest.sources.postgres import native, streamed
 from ingest.sources.postgres.changes import ChangeBuilder
 from ingest.sources.postgres.pgoutput import (
     MSG_RELATION,
@@ -154,6 +154,33 @@ def test_a_subtransaction_abort_drops_only_its_changes() -> None:
         assert [decode(p) for p in out[1:-1]] == [Insert(7, (b"1",)), Insert(7, (b"3",))]
         assert decode(out[0]) == Begin(500, 42, 10) and decode(out[-1]) == Commit(0, 500, 600, 42)
         assert s.oldest_start() is None
+
+
+def test_a_spilled_transaction_reads_back_across_segments(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Written in segments of a few changes, a subtransaction aborted after some were written: the same order."""
+    monkeypatch.setattr(streamed, "SEGMENT_ITEMS", 3)
+    rows = range(20)
+    blocks = [_start(10), *(_insert(11 if i % 4 == 1 else 10, i) for i in rows), b"E"]
+    for spill in (1 << 20, 1):
+        s = StreamedTransactions(spill)
+        for p in blocks:
+            s.take(100, p)
+        s.take(200, b"A" + struct.pack("!II", 10, 11))
+        out = list(s.take(300, _commit(10)) or [])
+        assert [decode(p) for p in out[1:-1]] == [Insert(7, (str(i).encode(),)) for i in rows if i % 4 != 1]
+
+
+def test_a_spill_file_cut_short_is_an_error() -> None:
+    s = StreamedTransactions(1)
+    for p in (_start(10), *(_insert(10, i) for i in range(5)), b"E"):
+        s.take(100, p)
+    txn = s._open[10]
+    txn._write_segment()
+    assert txn.spill is not None
+    txn.spill.flush()
+    txn.spill.truncate(txn.spill.tell() - 3)  # the local disk lost the file's end
+    with pytest.raises(SourceError, match="ended early or is damaged"):
+        list(s.take(300, _commit(10)) or [])
 
 
 def test_a_top_level_abort_drops_the_transaction() -> None:
