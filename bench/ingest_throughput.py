@@ -16,10 +16,13 @@ the end); without it, the default cluster (CHANGELAKE_PG_DSN or scripts/pg.sh st
 pg_recvlogical is always Debian's client, which speaks to every major. `--protocol 1` sets
 `streaming: false` on ingest's source (pgoutput protocol 1, the server spills a large transaction);
 `auto` is ingest's default (protocol 2 with streaming 'on' from PostgreSQL 14). `--parts` runs both
-parts, or only the stream or the single transaction.
+parts, or only the stream or the single transaction. `--startup-runs N` adds N runs of `run --once`
+with nothing new to read: the start-up alone (imports, checks, bronze reads, the drain marker's
+commit), median and spread, which the stream part's single start-up figure is too noisy to show.
 
 Usage: .venv/bin/python bench/ingest_throughput.py [--rows 1000000] [--single-txn-rows 1000000]
        [--batch-events 100000] [--pg-major N] [--protocol auto|1] [--parts both|stream|single]
+       [--startup-runs N]
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import secrets
 import shlex
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -417,6 +421,38 @@ def single_part(
     )
 
 
+def startup_part(d: str, cfg: Path, name: str, runs: int, out: Summary) -> None:
+    """`run --once` `runs` times on the source with nothing new: start-up alone, and the spread of it.
+
+    Each run still writes: the drain marker's transaction and the raised position are its first
+    (and only) bronze commit, so "to 1st commit" is the start-up of the stream part without its
+    first batch's decoding.
+    """
+    walls, firsts, cpus = [], [], []
+    for _ in range(runs):
+        secs, peak, log, started = run_ingest(cfg, d, f"changelake_{name}")
+        walls.append(secs)
+        firsts.append(startup_seconds(log, started) or float("nan"))
+        cpus.append(peak.cpu_total("python"))
+    print(
+        f"start-up alone, {runs} runs of run --once with nothing new: wall "
+        + " / ".join(f"{w:.2f}" for w in walls)
+        + " s; to the first commit "
+        + " / ".join(f"{f:.2f}" for f in firsts)
+        + " s"
+    )
+
+    def spread(xs: list[float]) -> str:
+        return f"{statistics.median(xs):.2f} s ({min(xs):.2f}-{max(xs):.2f})"
+
+    out.lines.append(
+        f"start-up alone ({runs} runs of `run --once` with nothing new; median (min-max)):\n"
+        f"| PostgreSQL | ingest protocol | `run --once` wall | **to 1st commit** | ingest CPU |\n"
+        f"|---|---|---|---|---|\n"
+        f"| {out.version} | {out.protocol} | {spread(walls)} | **{spread(firsts)}** | {spread(cpus)} |"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=1_000_000)
@@ -435,6 +471,13 @@ def main() -> None:
         help="auto: ingest's default (pgoutput 2 with streaming 'on' from PostgreSQL 14); 1: `streaming: false`",
     )
     ap.add_argument("--parts", choices=["both", "stream", "single"], default="both")
+    ap.add_argument(
+        "--startup-runs",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after the parts, N runs of `run --once` with nothing new: start-up alone (default 0: none)",
+    )
     args = ap.parse_args()
     load = os.getloadavg()
     command = " ".join([".venv/bin/python", "bench/ingest_throughput.py", *map(shlex.quote, sys.argv[1:])])
@@ -486,6 +529,8 @@ def main() -> None:
                 stream_part(conn, d, cfg, schema, name, suffix, args.rows, out)
             if args.parts in ("both", "single") and args.single_txn_rows:
                 single_part(conn, d, cfg, schema, name, args.single_txn_rows, out)
+            if args.startup_runs:
+                startup_part(d, cfg, name, args.startup_runs, out)
         finally:
             with psycopg.connect(d, autocommit=True) as c:
                 for (slot,) in c.execute(
