@@ -1,9 +1,10 @@
-"""A run's start reads bronze's writer rows once, and still decides from fresh ones where it must.
+"""A run's start and a `run --once` on a quiet source: no bronze read or wait it does not need.
 
 The start read the positions table three times (the stream writer's registration, the snapshot
 writers, the initial-snapshot check), a DataFusion query each. A snapshot requested
 at the start takes its position from a read made then (the stream writer's row may have just
-been written): that read stays.
+been written): that read stays. `--once` emits its drain marker once the snapshot thread has
+finished, which the loop saw only after a whole read timeout (0.2 s of every short run).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import pytest
 
 from ingest.bronze.state import BronzeState
 from ingest.events import WriterKind, WriterPosition
-from ingest.sources.postgres.capture import PostgresCapture
+from ingest.sources.postgres.admin import DRAIN_PREFIX, PostgresAdmin
+from ingest.sources.postgres.capture import DRAIN_PENDING_READ_TIMEOUT_S, PostgresCapture
+from ingest.sources.postgres.replication import Keepalive, ReplicationStream, XLogData
 from tests.helpers.delta_rows import read
 from tests.helpers.pg import capture_once, prepare
 
@@ -63,3 +66,32 @@ def test_a_start_reads_the_writer_rows_once(warehouse: Path, make_source: Any, m
     assert [r["writer_kind"] for r in rows] == [WriterKind.STREAM.value], "the initial snapshot completed"
     pages = read(warehouse / "bronze" / "snapshot_pages", f"source = '{src.name}'")
     assert len(pages) == 50
+
+
+def test_once_reads_with_a_short_timeout_until_its_drain_marker_is_out(
+    warehouse: Path, make_source: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = make_source("create table a (id int primary key)", ["a"])
+    src = s.config()
+    prepare(src)
+    capture_once(warehouse, src, snapshots=True)
+    s.execute("insert into a values (1)")
+    timeouts: list[float] = []
+    read, emit = ReplicationStream.read, PostgresAdmin.emit_message
+
+    def reading(self: ReplicationStream, timeout_s: float) -> XLogData | Keepalive | None:
+        timeouts.append(timeout_s)
+        return read(self, timeout_s)
+
+    def emitting(self: PostgresAdmin, prefix: str, content: str) -> int:
+        if prefix == DRAIN_PREFIX:
+            timeouts.append(-1.0)  # the marker is out
+        return emit(self, prefix, content)
+
+    monkeypatch.setattr(ReplicationStream, "read", reading)
+    monkeypatch.setattr(PostgresAdmin, "emit_message", emitting)
+    capture_once(warehouse, src, snapshots=True)
+
+    assert -1.0 in timeouts, "the run drained to its marker"
+    before = timeouts[: timeouts.index(-1.0)]
+    assert set(before) <= {DRAIN_PENDING_READ_TIMEOUT_S}, "a read before the marker waited a whole READ_TIMEOUT_S"

@@ -40,6 +40,10 @@ from ingest.sources.postgres.snapshot import Snapshotter, cannot_snapshot
 log = logging.getLogger(__name__)
 
 READ_TIMEOUT_S = 0.2
+# `--once` emits its drain marker when the snapshot thread has finished, which the loop sees only
+# between reads: until then it reads with this shorter timeout, so that a quiet source's run does
+# not wait out a whole READ_TIMEOUT_S after the thread ended (0.2 s of every short `run --once`).
+DRAIN_PENDING_READ_TIMEOUT_S = 0.02
 HISTORY_LOST_PREFIX = "changelake.historyLost"  # message_prefix of the tombstone a gap recovery writes
 STATUS_INTERVAL_S = 10.0  # standby status updates even when the server does not ask
 # ... and while a submit waits for a slow commit: well inside wal_sender_timeout (60 s default)
@@ -531,7 +535,8 @@ class PostgresCapture:
                 if drain_token and not drain_emitted and (snapshots is None or snapshots.done):
                     admin.emit_message(DRAIN_PREFIX, drain_token)
                     drain_emitted = True
-            msg = stream.read(READ_TIMEOUT_S)
+            drain_pending = drain_token is not None and not drain_emitted
+            msg = stream.read(DRAIN_PENDING_READ_TIMEOUT_S if drain_pending else READ_TIMEOUT_S)
             if isinstance(msg, XLogData):
                 last_activity = last_heard = now
                 wal_end = max(wal_end, msg.wal_end)
