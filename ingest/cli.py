@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -184,6 +185,18 @@ def _verify(cfg: Config, args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit code (2 for errors the user can fix)."""
+    code = _command(argv)
+    if argv is None:
+        # The process ends when this returns. Its teardown garbage-collects every object the
+        # imports made (pyarrow, psycopg, pydantic ...) again and again as modules are cleared:
+        # 0.3-0.5 s of every command. Frozen, the collector skips them; atexit handlers (logging's
+        # flush) still run, and the OS takes back the memory.
+        gc.freeze()
+    return code
+
+
+def _command(argv: list[str] | None) -> int:
+    """Parse `argv` (None: the process's command line) and run the command; its exit code."""
     args = _parser().parse_args(argv)
     # delta-rs reports a panic of its worker threads (e.g. an object-store writer after disk full)
     # on stderr itself, with a Rust backtrace when RUST_BACKTRACE asks for one; the error that

@@ -47,3 +47,21 @@ def test_a_bronze_read_does_not_import_pandas(tmp_path: Path) -> None:
         "assert t.to_pylist() == [{'s': 3}], t"
     )
     assert loaded_after(code) == []
+
+
+def test_the_process_entry_point_freezes_the_collector_before_teardown() -> None:
+    """The interpreter's teardown collected the imports' objects again and again: 0.3-0.5 s a command.
+
+    Only the process's own entry point (no argv) freezes them; a caller passing argv (the tests)
+    keeps a working collector.
+    """
+    code = (
+        "import gc, sys\n"
+        "from ingest.cli import main\n"
+        "assert main(['config', 'schema']) == 0 and gc.get_freeze_count() == 0\n"
+        "sys.argv = ['changelake-ingest', 'config', 'schema']\n"
+        "assert main() == 0\n"
+        "print(gc.get_freeze_count())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert int(out.stdout.strip().splitlines()[-1]) > 0
