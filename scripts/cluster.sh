@@ -34,6 +34,10 @@
 #                                           one executor of 1 core, so an ingest app (config/cluster.yml
 #                                           asks the same) still fits on the worker beside it
 #   CHANGELAKE_THRIFT_DRIVER_MEMORY [1g]
+#   CHANGELAKE_ENGINE_WARMUP_ROUNDS [2]     after starting a Thrift server, `up` runs a build's
+#                                           statement shapes on scratch tables this many times
+#                                           (scripts/engine_warmup.py) so the first dbt build finds a
+#                                           warm JIT; 0 skips it
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -180,6 +184,7 @@ up() {
     --conf spark.driver.extraJavaOptions="-Dderby.system.home=$WAREHOUSE/_metastore ${CHANGELAKE_JVM_OPTS:-}" \
     --conf spark.executor.extraJavaOptions="${CHANGELAKE_JVM_OPTS:-}"
   wait_for thrift "HiveServer2 on port $THRIFT_PORT" port_open "$THRIFT_PORT"
+  warm_up
   say "thrift server ready on $HOST:$THRIFT_PORT, warehouse $WAREHOUSE ($((SECONDS - t0)) s in all)"
 }
 
@@ -189,12 +194,27 @@ up_local() {  # the warm engine: the Thrift server on a local Spark, settings as
     --conf spark.sql.shuffle.partitions="$LOCAL_CORES" --conf spark.databricks.delta.snapshotPartitions="$LOCAL_CORES" \
     --conf spark.driver.extraJavaOptions="-Dderby.system.home=$WAREHOUSE/_metastore -Dlog4j2.configurationFile=file:$PWD/dbt_log4j2.properties ${CHANGELAKE_JVM_OPTS:-}"
   wait_for thrift "HiveServer2 on port $THRIFT_PORT" port_open "$THRIFT_PORT"
+  warm_up
   say "warm engine (local[$LOCAL_CORES]) ready on $HOST:$THRIFT_PORT, warehouse $WAREHOUSE ($((SECONDS - t0)) s)"
+}
+
+# A fresh JVM interprets Spark's planner, Delta's log replay and commit path and the metastore client
+# until the JIT compiles them: the first build on a new server ran its first nodes 3-10x slower than
+# on a warm one. A server this invocation started runs those statement shapes first, on scratch
+# tables of its own (nothing of the warehouse is read or written), then reports ready.
+STARTED_THRIFT=0
+warm_up() {
+  local rounds="${CHANGELAKE_ENGINE_WARMUP_ROUNDS:-2}" t0=$SECONDS
+  [ "$STARTED_THRIFT" = 1 ] && [ "$rounds" -gt 0 ] || return 0
+  "$PY" scripts/engine_warmup.py "$HOST" "$THRIFT_PORT" "$STATE/warmup" "$rounds" >"$STATE/warmup.log" 2>&1 \
+    || die "the Thrift server started but its warm-up failed (a Delta statement failed on it): $(tail -n 3 "$STATE/warmup.log")"
+  say "warmed up in $((SECONDS - t0)) s (CHANGELAKE_ENGINE_WARMUP_ROUNDS=$rounds)"
 }
 
 start_thrift() {  # spark home, driver memory, then the master and its own settings: the Thrift server with Delta
   local sh="$1" memory="$2"; shift 2
   [ -z "$(pid_of thrift)" ] || return 0
+  STARTED_THRIFT=1
   echo "$WAREHOUSE" >"$STATE/warehouse"
   start_daemon thrift env SPARK_DAEMON_MEMORY="$memory" "$sh/bin/spark-submit" \
     --class org.apache.spark.sql.hive.thriftserver.HiveThriftServer2 \
