@@ -35,9 +35,12 @@ def scratch() -> Iterator[ScratchCluster]:
     cluster.remove()
 
 
-def restored_past_bronze(scratch: ScratchCluster, tmp_path: Path, warehouse: Path) -> tuple[PgSource, Any, int]:
-    """Bronze holds ids 1-3 of a history the source no longer has: it was restored from a copy taken
-    before them, and has since written ids 101-103 and enough else to pass bronze's position.
+def restored_past_bronze(
+    scratch: ScratchCluster, tmp_path: Path, warehouse: Path, lost: int = 3, lost_transactions: int = 1
+) -> tuple[PgSource, Any, int]:
+    """Bronze holds ids 1-`lost` of a history the source no longer has: it was restored from a copy
+    taken before them, and has since written ids 101-103 and enough else to pass bronze's position
+    (four transactions: the restored server hands out again the xids of the first four lost ones).
     """
     s = PgSource(
         scratch.dsn, "create table acct (id int primary key, owner text); create table filler (pad text)", ["acct"]
@@ -51,7 +54,12 @@ def restored_past_bronze(scratch: ScratchCluster, tmp_path: Path, warehouse: Pat
     copy_data_dir(pgdata, tmp_path / "copy")
     scratch.start()
     s.reconnect()
-    s.execute("insert into acct values (1, 'old-1'), (2, 'old-2'), (3, 'old-3')")
+    per = -(-lost // lost_transactions)
+    for first in range(1, lost + 1, per):
+        s.execute(
+            "insert into acct select g, 'old-' || g from generate_series(%s::int, %s::int) g",
+            (first, min(first + per - 1, lost)),
+        )
     capture_once(warehouse, src)
     durable = next(p.durable_lsn for p, _ in BronzeWriter(warehouse).positions(s.name) if p.writer_id == "stream")
     s.conn.close()
@@ -78,22 +86,45 @@ def test_a_restored_source_past_bronze_is_an_error_not_a_silent_skip(
     s.conn.close()
 
 
-def test_a_restored_source_with_resnapshot_is_tombstoned_and_snapshotted_again(
+def test_a_restored_source_with_resnapshot_is_snapshotted_again_without_a_tombstone(
     scratch: ScratchCluster, tmp_path: Path, warehouse: Path
 ) -> None:
+    """The restored server ran its own transactions under every xid of the lost one: its snapshots see
+    them all as committed, so the pages and the search for absent keys place the lost history below
+    the snapshot, and silver needs no truncate (ids 1-3 are found absent).
+    """
     s, src, durable = restored_past_bronze(scratch, tmp_path, warehouse)
+    src = src.model_copy(update={"on_history_lost": "resnapshot"})
+    before = bronze_events(warehouse, s.name)
+    capture_once(warehouse, src, snapshots=True)
+    assert bronze_events(warehouse, s.name) == before
+    pages = read(warehouse / "bronze/snapshot_pages", f"source = '{s.name}' and row_index >= 0", "row_index")
+    assert [json.loads(p.record)["id"] for p in pages] == [101, 102, 103]
+    assert all(p.table_snapshot is not None and p.high_watermark_lsn > durable for p in pages)
+    s.execute("insert into acct values (104, 'new-104')")
+    capture_once(warehouse, src)
+    assert bronze_events(warehouse, s.name)[-1].record == '{"id":104,"owner":"new-104"}'
+    s.conn.close()
+
+
+def test_a_restored_source_behind_the_lost_xids_is_tombstoned_and_snapshotted_again(
+    scratch: ScratchCluster, tmp_path: Path, warehouse: Path
+) -> None:
+    """Bronze holds transactions under xids the restored server has not handed out yet: a page would
+    count them as changes it could not see (dropping its row, or leaving a lost key live), so the
+    recovery truncates every table below the new slot's start before the snapshots, as it always did.
+    """
+    s, src, durable = restored_past_bronze(scratch, tmp_path, warehouse, lost=30, lost_transactions=30)
     src = src.model_copy(update={"on_history_lost": "resnapshot"})
     capture_once(warehouse, src, snapshots=True)
     events = bronze_events(warehouse, s.name)
     tombstone = events[-1]
     assert (tombstone.action, tombstone.message_prefix) == ("truncate", "changelake.historyLost")
+    assert list(tombstone.truncated_tables) == [f"{s.schema}.acct"]
     assert tombstone.commit_lsn >= durable  # after everything of the old history
     pages = read(warehouse / "bronze/snapshot_pages", f"source = '{s.name}' and row_index >= 0", "row_index")
     assert [json.loads(p.record)["id"] for p in pages] == [101, 102, 103]
     assert all(p.high_watermark_lsn > tombstone.commit_lsn for p in pages)
-    s.execute("insert into acct values (104, 'new-104')")
-    capture_once(warehouse, src)
-    assert bronze_events(warehouse, s.name)[-1].record == '{"id":104,"owner":"new-104"}'
     s.conn.close()
 
 

@@ -1,11 +1,13 @@
 """A history-lost recovery (`on_history_lost: resnapshot`) killed anywhere still re-snapshots every table.
 
-The recovery writes three things: snapshot requests, a tombstone (a truncate of every table) and
-the stream's position past the lost history. It used to commit the tombstone and the position
-first and register the snapshots last, so a crash in between left every table truncated in silver
-for good: the next start saw nothing lost and every table as snapshotted already. Here ingest is
-SIGKILLed at each step (ingest/faults.py), restarted normally, and bronze must then hold, after the
-last tombstone, a complete snapshot of every table with the rows the source has.
+The recovery writes up to three things: snapshot requests, a tombstone (a truncate of every table:
+MongoDB's, and Postgres' only where snapshots cannot mend silver) and the stream's position past
+the lost history. It used to commit the tombstone and the position first and register the
+snapshots last, so a crash in between left every table truncated in silver for good: the next
+start saw nothing lost and every table as snapshotted already. Here ingest is SIGKILLed at each
+step (ingest/faults.py), restarted normally, and bronze must then hold, after the last tombstone
+(or, for Postgres, after the lost history), a complete snapshot of every table with the rows the
+source has.
 """
 
 from __future__ import annotations
@@ -43,30 +45,39 @@ MONGO_POINTS = [
 ]
 
 
-def resnapshotted(warehouse: Path, source: str, prefix: str) -> dict[str, list[str]]:
+def resnapshotted(
+    warehouse: Path, source: str, prefix: str, tables: list[str] | None = None, after_lsn: int | None = None
+) -> dict[str, list[str]]:
     """table -> the record keys of its complete snapshot read after the last tombstone.
 
     Fails unless every table the tombstone truncated has one, every writer row but the stream's
-    is retired, and no page of that snapshot lies at or before the tombstone.
+    is retired, and no page of that snapshot lies at or before the tombstone. Without a tombstone
+    (a Postgres recovery writes none), for `tables` and after `after_lsn`, and the snapshot must be
+    a whole-table one (`table_snapshot`: silver searches it for the keys the gap deleted).
     """
     tombstones = [e for e in bronze_events(warehouse, source) if e.message_prefix == prefix]
-    assert tombstones, "no history-lost tombstone in bronze"
-    last = tombstones[-1]
+    if tables is None or after_lsn is None:
+        assert tombstones, "no history-lost tombstone in bronze"
+        tables, after_lsn = list(tombstones[-1].truncated_tables), tombstones[-1].commit_lsn
+    else:
+        assert tombstones == [], "a tombstone the recovery did not need"
     pages = read(
         warehouse / "bronze/snapshot_pages", f"source = '{source}' and row_index >= 0", "page_number, row_index"
     )
     out: dict[str, list[str]] = {}
-    for table in last.truncated_tables:
+    for table in tables:
         schema, name = table.split(".", 1)
         mine = [p for p in pages if (p.table_schema, p.table_name) == (schema, name)]
-        after = {p.snapshot_id for p in mine if p.high_watermark_lsn > last.commit_lsn}
+        after = {p.snapshot_id for p in mine if p.high_watermark_lsn > after_lsn}
         done = sorted(
             sid
             for sid in after
             if any(p.last_page for p in mine if p.snapshot_id == sid)
-            and all(p.high_watermark_lsn > last.commit_lsn for p in mine if p.snapshot_id == sid)
+            and all(
+                p.high_watermark_lsn > after_lsn and p.table_snapshot is not None for p in mine if p.snapshot_id == sid
+            )
         )
-        assert done, f"{table}: no complete snapshot after the tombstone at {last.commit_lsn}"
+        assert done, f"{table}: no complete whole-table snapshot after {after_lsn}"
         out[table] = sorted(p.record_pk for p in mine if p.snapshot_id == done[-1])
     writers = [p.writer_id for p, _ in BronzeWriter(warehouse).positions(source)]
     assert writers == ["stream"], f"snapshot writers left unfinished: {writers}"
@@ -96,6 +107,9 @@ def test_pg_resnapshot_recovery_killed_at_any_step_still_resnapshots_every_table
     s.execute("insert into items values (1, 'a'), (2, 'b'), (3, 'c')")
     s.execute("insert into other values (10), (11)")
     assert run_killed(cfg, None, None, once=True, stop_after=60) == 0
+    # Everything bronze holds from before the gap (the stream's events, the initial snapshot's pages).
+    pages = read(warehouse / "bronze/snapshot_pages", f"source = '{s.name}'")
+    before_gap = max([e.commit_lsn for e in bronze_events(warehouse, s.name)] + [p.high_watermark_lsn for p in pages])
     # The history is lost: the slot goes, and changes are made while there is none.
     drop_slot(s.conn, f"changelake_{s.name}")
     s.execute("delete from items where id = 1")
@@ -105,7 +119,8 @@ def test_pg_resnapshot_recovery_killed_at_any_step_still_resnapshots_every_table
     assert run_killed(cfg, crash_at, None, once=True, stop_after=60) == -signal.SIGKILL, f"{crash_at} not reached"
     assert run_killed(cfg, None, None, once=True, stop_after=60) == 0
 
-    found = resnapshotted(warehouse, s.name, "changelake.historyLost")
+    tables = [f"{s.schema}.items", f"{s.schema}.other"]
+    found = resnapshotted(warehouse, s.name, "changelake.historyLost", tables, before_gap)
     assert found == {
         f"{s.schema}.items": ['{"id":2}', '{"id":3}', '{"id":4}'],
         f"{s.schema}.other": ['{"id":11}'],

@@ -540,7 +540,7 @@ class PostgresAdmin:
             raise SourceError(f"source {self.src.name!r}: slot {slot!r} uses plugin {plugin!r}, not pgoutput")
         if wal_status == "lost" and self.src.on_history_lost == "resnapshot":
             # The slot can never stream again; a new one starts now, and the capture sees the gap
-            # between bronze and the new slot and recovers it (tombstones, re-snapshot).
+            # between bronze and the new slot and recovers it (whole-table re-snapshots).
             log.warning("source=%s slot %s is invalidated: dropping and recreating it", self.src.name, slot)
             self._one("select pg_drop_replication_slot(%s)", (slot,))
             self._create_slot(slot)
@@ -550,8 +550,8 @@ class PostgresAdmin:
                 f"source {self.src.name!r}: replication slot {slot!r} is invalidated (wal_status = lost): the "
                 "server removed WAL it still needed, so changes were lost. Recover: "
                 "set `on_history_lost: resnapshot` on the source and run changelake-ingest again: it recreates the "
-                "slot, tombstones every table at the new slot's position and snapshots them afresh (rows deleted "
-                "during the gap end deleted). Raise max_slot_wal_keep_size so this does not recur."
+                "slot and snapshots every table afresh (silver tombstones the rows deleted during the gap). Raise "
+                "max_slot_wal_keep_size so this does not recur."
             )
         return False
 

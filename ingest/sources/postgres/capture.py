@@ -28,6 +28,7 @@ from ingest.progress import Progress
 from ingest.sources.postgres.admin import DRAIN_PREFIX, HEARTBEAT_PREFIX, PostgresAdmin, prepare_source
 from ingest.sources.postgres.catalog import PgCatalog
 from ingest.sources.postgres.changes import Catalog, ChangeBuilder, TxnEnd, table_gone_prefix
+from ingest.sources.postgres.gap import unseen_transactions
 from ingest.sources.postgres.history import advance_slot, first_difference, redelivered_transactions
 from ingest.sources.postgres.membership import MembershipWatch, decode, encode
 from ingest.sources.postgres.pages import Hook
@@ -45,6 +46,7 @@ READ_TIMEOUT_S = 0.2
 # not wait out a whole READ_TIMEOUT_S after the thread ended (0.2 s of every short `run --once`).
 DRAIN_PENDING_READ_TIMEOUT_S = 0.02
 HISTORY_LOST_PREFIX = "changelake.historyLost"  # message_prefix of the tombstone a gap recovery writes
+UNSEEN_SHOWN = 5  # xids a recovery's warning names
 STATUS_INTERVAL_S = 10.0  # standby status updates even when the server does not ask
 # ... and while a submit waits for a slow commit: well inside wal_sender_timeout (60 s default)
 KEEPALIVE_WHILE_WAITING_S = 5.0
@@ -149,10 +151,10 @@ class PostgresCapture:
         )
         if self.src.on_history_lost != "resnapshot":
             raise SlotGapError(
-                gap + ". Recover: set `on_history_lost: resnapshot` on the source and run again (it tombstones every "
-                "table at the slot's position and snapshots them afresh)."
+                gap + ". Recover: set `on_history_lost: resnapshot` on the source and run again (it snapshots every "
+                "table afresh, and silver tombstones the rows the tables no longer have)."
             )
-        log.warning("%s; tombstoning and re-snapshotting every table", gap)
+        log.warning("%s; re-snapshotting every table", gap)
         self._recover_gap(admin, h.confirmed_flush_lsn)
 
     def _same_history(self, admin: PostgresAdmin, slot_start: int, durable_lsn: int) -> bool:
@@ -177,7 +179,7 @@ class PostgresCapture:
         if self.src.on_history_lost != "resnapshot":
             raise SlotGapError(
                 lost + ". Recover: set `on_history_lost: resnapshot` on the source and run again (it moves the slot "
-                "to the server's current position, tombstones every table there and snapshots them afresh), or "
+                "to the server's current position and snapshots every table afresh), or "
                 "capture the database as a new source (a new `name`)."
             )
         log.warning("%s; moving the slot to the server's current position", lost)
@@ -185,11 +187,13 @@ class PostgresCapture:
         return False
 
     def _recover_gap(self, admin: PostgresAdmin, slot_start: int) -> None:
-        """Re-snapshot every table, tombstone them just below the slot's start, move the stream row there.
+        """Re-snapshot every table whole and move the stream row to the slot's start.
 
-        The tombstone (a truncate of every table) sorts after everything bronze holds and before
-        anything the slot will send, so a row deleted during the gap ends deleted in silver and
-        every row that exists comes back from the snapshots (DESIGN §5 places their pages).
+        A whole-table snapshot mends silver without emptying it (docs/snapshots.md, "Re-snapshots
+        find deletes"): a key the gap changed or inserted comes back with its page row, a key it
+        deleted gets an absent tombstone, an unchanged key a snapshot version of the same record.
+        A truncate just below the slot's start (after everything bronze holds, before anything the
+        slot will send) is written only for what snapshots cannot mend (`_tables_to_tombstone`).
 
         The order makes an interruption harmless. The snapshot writers are registered first, so
         a tombstone is never durable without them; the stream row moves last, and until it does
@@ -203,19 +207,23 @@ class PostgresCapture:
             [t for t in self.src.tables if t not in pending], lambda: admin.slot_health().current_wal_lsn
         )
         faults.hit("recovery_after_snapshot_requests")
-        first_schema, first_table = self.src.tables[0].split(".", 1)
-        tombstone = ChangeEvent(
-            commit_lsn=at,
-            commit_index=0,
-            xid=0,
-            commit_ts_us=int(time.time() * 1_000_000),
-            action=Action.TRUNCATE,
-            table_schema=first_schema,
-            table_name=first_table,
-            truncated_tables=tuple(self.src.tables),
-            message_prefix=HISTORY_LOST_PREFIX,
-        )
-        self.writer.append_events(self.src.name, SourceKind.POSTGRES, STREAM_WRITER_ID, [tombstone], {at: slot_start})
+        truncated = self._tables_to_tombstone(admin)
+        if truncated:
+            first_schema, first_table = truncated[0].split(".", 1)
+            tombstone = ChangeEvent(
+                commit_lsn=at,
+                commit_index=0,
+                xid=0,
+                commit_ts_us=int(time.time() * 1_000_000),
+                action=Action.TRUNCATE,
+                table_schema=first_schema,
+                table_name=first_table,
+                truncated_tables=tuple(truncated),
+                message_prefix=HISTORY_LOST_PREFIX,
+            )
+            self.writer.append_events(
+                self.src.name, SourceKind.POSTGRES, STREAM_WRITER_ID, [tombstone], {at: slot_start}
+            )
         faults.hit("recovery_after_tombstone")
         self.durable_lsn, self.ack_lsn = at, slot_start
         self.writer.raise_position(
@@ -223,12 +231,42 @@ class PostgresCapture:
         )
         faults.hit("recovery_after_position")
 
+    def _tables_to_tombstone(self, admin: PostgresAdmin) -> list[str]:
+        """The configured tables a gap recovery truncates: those its snapshots cannot mend.
+
+        Every table when bronze holds a transaction the server's snapshots may not see (gap.py: a
+        history the server no longer has, or one more than 2^31 transactions back): the pages would
+        count its events as changes they could not see. Otherwise only the tables that cannot be
+        snapshotted (`cannot_snapshot`): their records end deleted and come back as their rows change,
+        as before whole-table snapshots found deletes. Decided again at each attempt, from what is
+        durable: either answer leaves silver right, and the rows a snapshot reads lie after a
+        truncate an earlier attempt wrote.
+        """
+        unseen = unseen_transactions(admin, self.writer, self.src.name)
+        if unseen:
+            log.warning(
+                "source=%s bronze holds %d transaction(s) the server's snapshots may not see (xids %s%s: a history "
+                "the server no longer has, or more than 2^31 transactions old): tombstoning every table before "
+                "its re-snapshot",
+                self.src.name,
+                len(unseen),
+                ", ".join(map(str, unseen[:UNSEEN_SHOWN])),
+                ", ..." if len(unseen) > UNSEEN_SHOWN else "",
+            )
+            return list(self.src.tables)
+        refused = [(t, r) for t in self.src.tables if (r := cannot_snapshot(admin, t)) is not None]
+        for table, reason in refused:
+            log.warning("table %s cannot be snapshotted (%s): tombstoning its records", table, reason)
+        return [t for t, _ in refused]
+
     def _unread_snapshots(self) -> set[str]:
         """Tables with a whole-table snapshot registered that has no page in bronze yet.
 
-        Every page such a snapshot reads lies after a tombstone written now, so it can serve the
-        recovery (an interrupted one registered it). A snapshot with pages may have read some
-        before the gap: the tombstone would delete those rows, so its table gets a new one.
+        Every page such a snapshot reads lies after the slot's start (and after a tombstone written
+        now), so it can serve the recovery (an interrupted one registered it). A snapshot with pages
+        may have read some before the gap: they miss the gap's changes (a tombstone would delete
+        their rows, and a key the gap deleted in their range would not be found absent), so its
+        table gets a new one.
         """
         return {
             t.table
