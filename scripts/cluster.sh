@@ -34,7 +34,7 @@
 #                                           one executor of 1 core, so an ingest app (config/cluster.yml
 #                                           asks the same) still fits on the worker beside it
 #   CHANGELAKE_THRIFT_DRIVER_MEMORY [1g]
-#   CHANGELAKE_ENGINE_WARMUP_ROUNDS [2]     after starting a Thrift server, `up` runs a build's
+#   CHANGELAKE_ENGINE_WARMUP_ROUNDS [1]     after starting a Thrift server, `up` runs a build's
 #                                           statement shapes on scratch tables this many times
 #                                           (scripts/engine_warmup.py) so the first dbt build finds a
 #                                           warm JIT; 0 skips it
@@ -204,7 +204,7 @@ up_local() {  # the warm engine: the Thrift server on a local Spark, settings as
 # tables of its own (nothing of the warehouse is read or written), then reports ready.
 STARTED_THRIFT=0
 warm_up() {
-  local rounds="${CHANGELAKE_ENGINE_WARMUP_ROUNDS:-2}" t0=$SECONDS
+  local rounds="${CHANGELAKE_ENGINE_WARMUP_ROUNDS:-1}" t0=$SECONDS
   [ "$STARTED_THRIFT" = 1 ] && [ "$rounds" -gt 0 ] || return 0
   "$PY" scripts/engine_warmup.py "$HOST" "$THRIFT_PORT" "$STATE/warmup" "$rounds" >"$STATE/warmup.log" 2>&1 \
     || die "the Thrift server started but its warm-up failed (a Delta statement failed on it): $(tail -n 3 "$STATE/warmup.log")"

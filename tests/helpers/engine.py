@@ -44,9 +44,6 @@ class Engine:
             CHANGELAKE_SPARK_HOST="127.0.0.1",
             CHANGELAKE_THRIFT_PORT=str(self.port),
             CHANGELAKE_THRIFT_UI_PORT=str(free_port()),
-            # One round of scripts/engine_warmup.py: `up` is then tested with its warm-up, and the
-            # suite's first dbt tests run on a warmer JIT without paying the demo's two rounds.
-            CHANGELAKE_ENGINE_WARMUP_ROUNDS="1",
         )
         self.serving: Path | None = None
 
