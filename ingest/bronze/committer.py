@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from ingest import faults
+from ingest.bronze.pending import RowSlice
 from ingest.bronze.writer import BronzeWriter
 from ingest.errors import BronzeWriteError, IngestError
 from ingest.events import ChangeEvent, RelationShape, WriterKind, WriterPosition
@@ -50,6 +51,13 @@ class Batch:
     end_lsns: dict[int, int] = field(default_factory=dict)  # commit LSN -> end LSN of its transaction
     resume_token: str | None = None  # stored with the raised position (MongoDB: how to reopen the stream)
     size_bytes: int = 0  # what its events weigh (batcher.event_bytes), for the committer's byte bound
+    rows: list[RowSlice] = field(default_factory=list)  # decoded rows of streamed transactions, stamped on write
+    last_position: tuple[int, int] | None = None  # the batch's last position, when it ends with `rows`
+
+    @property
+    def count(self) -> int:
+        """How many events and decoded rows the batch appends."""
+        return len(self.events) + sum(int(r.rows.num_rows) for r in self.rows)
 
 
 _STOP = object()
@@ -183,11 +191,21 @@ class Committer:
     def _commit(self, batch: Batch) -> None:
         t0 = time.monotonic()
         self.writer.append_relations(self.source, batch.shapes)
-        if batch.events:
+        if batch.events or batch.rows:
             faults.hit("before_events_commit")
-            self.writer.append_events(self.source, self.source_kind, self.writer_id, batch.events, batch.end_lsns)
+            self.writer.append_events(
+                self.source,
+                self.source_kind,
+                self.writer_id,
+                batch.events,
+                batch.end_lsns,
+                rows=batch.rows,
+                last_position=batch.last_position,
+            )
             faults.hit("mid_transaction_flush" if batch.mid_transaction else "after_events_commit")
-            self.progress.add(len(batch.events))
+            self.progress.add(batch.count)
+            if batch.rows:
+                self.metrics.events.inc(batch.count - len(batch.events))
         # Every durable point is raised at once: a position row is one Delta commit of a few
         # milliseconds (delta-rs), so there is nothing to win by letting it ride on a later batch.
         if batch.durable_lsn is not None and batch.durable_lsn > self.durable_lsn:
@@ -196,7 +214,7 @@ class Committer:
         log.info(
             "committed source=%s events=%d durable_lsn=%d seconds=%.2f",
             self.source,
-            len(batch.events),
+            batch.count,
             self.durable_lsn,
             time.monotonic() - t0,
         )

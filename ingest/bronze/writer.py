@@ -12,6 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from ingest.bronze.pending import RowSlice, stamp
 from ingest.bronze.schemas import (
     ALL_TABLES,
     SNAPSHOT_CONTROL_TABLE,
@@ -96,6 +97,23 @@ def _events_to_arrow(
 
 
 _TS_INDEX = ChangeEvent._fields.index("commit_ts_us")
+
+
+def wal_rows(
+    source: str,
+    source_kind: str,
+    writer_id: str,
+    events: Sequence[ChangeEvent],
+    end_lsns: Mapping[int, int],
+    rows: Sequence[RowSlice] = (),
+) -> pa.Table:
+    """A batch's wal_events rows: its events, and its decoded rows stamped with their positions."""
+    data = _events_to_arrow(source, source_kind, writer_id, events, end_lsns)
+    if not rows:
+        return data
+    now = pa.scalar(_now(), WAL_EVENTS_TABLE.schema.field("ingested_at").type)
+    stamped = [stamp(r, source, source_kind, writer_id, end_lsns.get(r.commit_lsn), now) for r in rows]
+    return pa.Table.from_batches(stamped + data.to_batches(), schema=WAL_EVENTS_TABLE.schema)
 
 
 def _page_to_arrow(source: str, source_kind: str, writer_id: str, page: SnapshotPage) -> pa.Table:
@@ -222,17 +240,22 @@ class BronzeWriter(BronzeState):
         writer_id: str,
         events: Sequence[ChangeEvent],
         end_lsns: Mapping[int, int] | None = None,
+        rows: Sequence[RowSlice] = (),
+        last_position: tuple[int, int] | None = None,
     ) -> None:
-        """Commit `events` (in position order) as one Delta transaction; a retried batch is a no-op.
+        """Commit `events` and `rows` as one Delta transaction; a retried batch is a no-op.
 
         `end_lsns` maps a commit LSN to its transaction's end LSN where known (not for a page of a
-        transaction whose Commit has not arrived yet: those rows get NULL).
+        transaction whose Commit has not arrived yet: those rows get NULL). `rows`: decoded rows
+        of committed transactions, stamped here with their positions (pending.stamp).
+        `last_position`: the batch's last position when it ends with `rows`; else its last event's.
         """
-        if not events:
+        if not events and not rows:
             return
-        last = events[-1]
-        data = _events_to_arrow(source, source_kind, writer_id, events, end_lsns or {})
-        app_id, version = txn_identity(f"{source}/{writer_id}", last.commit_lsn, last.commit_index)
+        if last_position is None:
+            last_position = events[-1].position if events else rows[-1].last_position
+        data = wal_rows(source, source_kind, writer_id, events, end_lsns or {}, rows)
+        app_id, version = txn_identity(f"{source}/{writer_id}", *last_position)
         self._append(WAL_EVENTS_TABLE, data, source, app_id, version)
 
     def append_relations(

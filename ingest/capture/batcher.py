@@ -20,7 +20,10 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
+
 from ingest.bronze.committer import Batch
+from ingest.bronze.pending import PendingRows, RowSlice, row_sizes
 from ingest.config import BatchConfig
 from ingest.events import ChangeEvent, RelationShape
 
@@ -66,6 +69,15 @@ class Resume:
     durable_lsn: int
     last_in_bronze: tuple[int, int] | None = None
 
+    def rows_in_bronze(self, commit_lsn: int, first_index: int, n: int) -> int:
+        """How many of the `n` events from `(commit_lsn, first_index)` on are durable already (a prefix)."""
+        last = self.last_in_bronze
+        if commit_lsn <= self.durable_lsn or (last is not None and last[0] > commit_lsn):
+            return n
+        if last is not None and last[0] == commit_lsn:
+            return max(0, min(n, last[1] + 1 - first_index))
+        return 0
+
     def already_in_bronze(self, event: ChangeEvent) -> bool:
         """Whether a re-delivered event is durable already."""
         return event.commit_lsn <= self.durable_lsn or (
@@ -101,7 +113,10 @@ class TransactionBatcher:
         self.max_events = min(batch.max_events, first_batch_events or batch.max_events)
         self.max_bytes = batch.max_bytes
         self.pending: list[ChangeEvent] = []
-        self.pending_bytes = 0  # event_bytes() summed over `pending`
+        self.pending_rows: list[RowSlice] = []  # decoded rows of streamed transactions (add_rows)
+        self.pending_count = 0  # events and rows pending
+        self.pending_bytes = 0  # event_bytes() summed over what is pending
+        self._last: tuple[int, int] | None = None  # the last pending position
         self.shapes: list[RelationShape] = []
         self.skipped = 0
         self._end_lsns: dict[int, int] = {}  # commit position -> end position, for completed transactions
@@ -112,7 +127,7 @@ class TransactionBatcher:
     @property
     def has_work(self) -> bool:
         """Whether a submit would write anything or move the position."""
-        return bool(self.pending or self.shapes) or self._completed is not None
+        return bool(self.pending_count or self.shapes) or self._completed is not None
 
     def add(self, event: ChangeEvent, now: float) -> None:
         """Take the next event of the open transaction (skipped if a restart re-delivered it)."""
@@ -120,23 +135,69 @@ class TransactionBatcher:
             self.skipped += 1
             return
         size = event_bytes(event)
-        if self.pending and (len(self.pending) >= self.max_events or self.pending_bytes + size > self.max_bytes):
+        if self.pending_count and (self.pending_count >= self.max_events or self.pending_bytes + size > self.max_bytes):
             # A transaction larger than a batch goes to bronze in pages. The page is cut when the
             # transaction goes on past a full batch, not when the batch fills: a batch that fills
             # with a transaction's last event ends with that transaction and makes it durable. By
             # bytes the cut comes before the event that would overflow the batch (one event larger
             # than the budget goes alone); that cut may fall between two transactions.
-            self.submit(mid_transaction=self.pending[-1].commit_lsn not in self._end_lsns)
-        if not self.pending:
+            self._cut()
+        if not self.pending_count:
             self._started = now
         self.pending.append(event)
+        self.pending_count += 1
         self.pending_bytes += size
+        self._last = event.position
+
+    def _cut(self) -> None:
+        """Submit a page: what is pending, inside its last transaction unless that one has ended."""
+        assert self._last is not None
+        self.submit(mid_transaction=self._last[0] not in self._end_lsns)
+
+    def add_rows(self, rows: PendingRows, commit_lsn: int, xid: int, commit_ts_us: int, now: float) -> None:
+        """Take a committed transaction's decoded rows, at `commit_lsn` from index 0, paged as `add` pages.
+
+        The cuts fall where `add` would cut the same events one at a time (by events, then by
+        bytes); rows a restart re-delivered are skipped.
+        """
+        index = 0
+        for batch in rows.batches():
+            n = batch.num_rows
+            first = index
+            index += n
+            start = self.resume.rows_in_bronze(commit_lsn, first, n)
+            self.skipped += start
+            if start == n:
+                continue
+            sizes = np.cumsum(row_sizes(batch).to_numpy(zero_copy_only=False)[start:])
+            taken = 0  # of sizes
+            while start < n:
+                if self.pending_count and self.pending_count >= self.max_events:
+                    self._cut()
+                room = self.max_events - self.pending_count
+                base = sizes[taken - 1] if taken else 0
+                limit = self.max_bytes - self.pending_bytes + base
+                k = int(np.searchsorted(sizes[taken : taken + room], limit, side="right"))
+                if k == 0:
+                    if self.pending_count:
+                        self._cut()
+                        continue
+                    k = 1  # one row larger than the budget goes alone
+                if not self.pending_count:
+                    self._started = now
+                piece = RowSlice(batch.slice(start, k), commit_lsn, first + start, xid, commit_ts_us)
+                self.pending_rows.append(piece)
+                self.pending_count += k
+                self.pending_bytes += int(sizes[taken + k - 1] - base)
+                self._last = piece.last_position
+                start += k
+                taken += k
 
     def end_transaction(self, commit_lsn: int, end_lsn: int, now: float, resume_token: str | None = None) -> None:
         """The transaction at `commit_lsn` is complete; the source may be acknowledged with `end_lsn`."""
         self._completed = _Completed(commit_lsn, end_lsn, resume_token)
         self._end_lsns[commit_lsn] = end_lsn
-        if len(self.pending) >= self.max_events or self.pending_bytes >= self.max_bytes or self.due(now):
+        if self.pending_count >= self.max_events or self.pending_bytes >= self.max_bytes or self.due(now):
             self.submit()
 
     def observe(self, boundary: int, now: float, resume_token: str | None = None, force: bool = False) -> None:
@@ -153,7 +214,7 @@ class TransactionBatcher:
 
     def due(self, now: float) -> bool:
         """Whether the batch's time is up (its first event waited `max_seconds`)."""
-        return bool(self.pending) and now - self._started >= self.max_seconds
+        return bool(self.pending_count) and now - self._started >= self.max_seconds
 
     def submit(self, mid_transaction: bool = False) -> None:
         """Hand what is pending to the committer, with the last completed position."""
@@ -164,13 +225,17 @@ class TransactionBatcher:
             mid_transaction=mid_transaction,
             end_lsns=self._end_lsns,
             size_bytes=self.pending_bytes,
+            rows=list(self.pending_rows),
+            last_position=self._last if self.pending_rows else None,
         )
         if self._completed is not None:  # every event at or below it is in this batch or an earlier one
             batch.durable_lsn, batch.ack_lsn = self._completed.durable_lsn, self._completed.ack_lsn
             batch.resume_token = self._completed.resume_token
             self._completed = None
         self.pending.clear()
-        self.pending_bytes = 0
+        self.pending_rows.clear()
+        self.pending_count = self.pending_bytes = 0
+        self._last = None
         self.shapes = []
         self._end_lsns = {}
         self.sink.submit(batch)

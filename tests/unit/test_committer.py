@@ -32,7 +32,7 @@ class RecordingWriter:
         if shapes:
             self.calls.append(("relations", len(shapes)))
 
-    def append_events(self, source: str, kind: str, writer_id: str, events: Any, end_lsns: Any) -> None:
+    def append_events(self, source: str, kind: str, writer_id: str, events: Any, end_lsns: Any, **rows: Any) -> None:
         self.gate.wait(10)
         with self.lock:
             self.calls.append(("events", events[-1].commit_lsn))

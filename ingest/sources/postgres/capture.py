@@ -30,6 +30,7 @@ from ingest.sources.postgres.catalog import PgCatalog
 from ingest.sources.postgres.changes import Catalog, ChangeBuilder, TxnEnd, table_gone_prefix
 from ingest.sources.postgres.gap import unseen_transactions
 from ingest.sources.postgres.history import advance_slot, first_difference, redelivered_transactions
+from ingest.sources.postgres.inflight import inflight_decoders
 from ingest.sources.postgres.membership import MembershipWatch, decode, encode
 from ingest.sources.postgres.pages import Hook
 from ingest.sources.postgres.published import publish_again
@@ -37,6 +38,7 @@ from ingest.sources.postgres.replication import Keepalive, ReplicationStream, XL
 from ingest.sources.postgres.schema_changes import relation_now, report_shape_change, resnapshot_reason, with_attnums
 from ingest.sources.postgres.scope import ScopeWatch
 from ingest.sources.postgres.snapshot import Snapshotter, cannot_snapshot
+from ingest.sources.postgres.streamed import DecodedTransaction
 
 log = logging.getLogger(__name__)
 
@@ -459,6 +461,7 @@ class PostgresCapture:
                 self.src.publication_name,
                 app_name=application_name(self.src.name),
                 streaming=self.src.streaming,
+                inflight=inflight_decoders(catalog, lambda table: table in self.src.tables, self.src.slot_name),
             )
             snapshots: SnapshotThread | None = None
             try:
@@ -603,6 +606,11 @@ class PostgresCapture:
                 burst = (burst + 1) % BURST_MESSAGES
                 if burst:
                     continue
+            elif isinstance(msg, DecodedTransaction):
+                # A streamed transaction decoded while it ran, between its Begin and its Commit.
+                burst = 0
+                last_activity = last_heard = now
+                batcher.add_rows(msg.rows, msg.commit_lsn, msg.xid, msg.commit_ts_us, now)
             elif isinstance(msg, Keepalive):
                 burst = 0
                 last_heard = now

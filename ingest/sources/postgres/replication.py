@@ -14,7 +14,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -25,8 +25,9 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ingest.capture.retry import transient_libpq_message, transient_sqlstate
 from ingest.errors import SlotInvalidatedError, SourceError, SourceUnavailableError
+from ingest.sources.postgres.inflight import InflightTransaction
 from ingest.sources.postgres.pgoutput import PG_EPOCH_OFFSET_US, PROTO_VERSION, PROTO_VERSION_STREAMING
-from ingest.sources.postgres.streamed import STREAM_CONTROL, StreamedTransactions
+from ingest.sources.postgres.streamed import STREAM_CONTROL, DecodedTransaction, StreamedTransactions
 
 MSG_XLOGDATA = ord("w")
 MSG_KEEPALIVE = ord("k")
@@ -223,7 +224,8 @@ class ReplicationStream:
     Responsibilities: connect with `replication=database`, start pgoutput (protocol 1, logical
     messages on; protocol 2 with `streaming 'on'` on PostgreSQL 14+ unless turned off), hand out
     XLogData/keepalive messages (a streamed transaction only once committed, framed as protocol 1
-    frames it: streamed.py), and send standby status updates. Flushing
+    frames it, its changes or its rows decoded as they arrived: streamed.py), and send standby
+    status updates. Flushing
     an LSN tells the server it may recycle WAL up to it: a slot left unacknowledged keeps all WAL
     since its confirmed position on the server's disk (bounded by max_slot_wal_keep_size, after
     which the slot is invalidated).
@@ -237,13 +239,16 @@ class ReplicationStream:
         start_lsn: int = 0,
         app_name: str = "changelake",
         streaming: bool = True,
+        inflight: Callable[[int], InflightTransaction] | None = None,
     ) -> None:
         """Prepare a stream of `slot` over `publication`, from `start_lsn` (0 = the slot's own).
 
         `app_name` is the connection's application_name: the name `pg_stat_replication` and
         `synchronous_standby_names` know this walsender by. `streaming`: have a server of 14 or
         later stream transactions larger than its `logical_decoding_work_mem` while they run
-        (held here until they commit) instead of spilling them to its own disk.
+        (held here until they commit) instead of spilling them to its own disk. `inflight(xid)`:
+        a decoder of a streamed transaction's changes as they arrive (streamed.py); a transaction
+        it decoded is handed on as a DecodedTransaction between its Begin and Commit.
         """
         self.dsn = dsn
         self.app_name = app_name
@@ -253,8 +258,9 @@ class ReplicationStream:
         self._conn: pq.abc.PGconn | None = None
         self.bytes_received = 0
         self.streaming = streaming
+        self.inflight = inflight
         self._streamed: StreamedTransactions | None = None
-        self._replay: Iterator[bytes] | None = None
+        self._replay: Generator[bytes | DecodedTransaction, None, None] | None = None
         self._replay_lsn = 0
 
     def open(self) -> None:
@@ -297,7 +303,7 @@ class ReplicationStream:
             raise error(f"START_REPLICATION on slot {self.slot!r} failed: {msg}")
         conn.nonblocking = 1
         self._conn = conn
-        self._streamed = StreamedTransactions() if streams else None
+        self._streamed = StreamedTransactions(inflight=self.inflight) if streams else None
         self._replay = None
 
     @property
@@ -305,14 +311,16 @@ class ReplicationStream:
         """Whether the open stream has the server stream in-progress transactions (protocol 2)."""
         return self._streamed is not None
 
-    def read(self, timeout_s: float) -> XLogData | Keepalive | None:
+    def read(self, timeout_s: float) -> XLogData | DecodedTransaction | Keepalive | None:
         """The next message, or None if none arrived within `timeout_s` seconds."""
         conn = self._conn
         assert conn is not None, "open() first"
         if self._replay is not None:
-            payload = next(self._replay, None)
-            if payload is not None:
-                return XLogData(self._replay_lsn, self._replay_lsn, payload)
+            item = next(self._replay, None)
+            if isinstance(item, bytes):
+                return XLogData(self._replay_lsn, self._replay_lsn, item)
+            if item is not None:
+                return item
             self._replay = None
         streamed = self._streamed
         deadline = None
@@ -330,7 +338,9 @@ class ReplicationStream:
                     replay = streamed.take(start, payload)
                     if replay is not None:
                         self._replay, self._replay_lsn = replay, end
-                        return XLogData(end, end, next(replay))  # the Begin: the rest follow
+                        begin = next(replay)  # the Begin: the rest follow
+                        assert isinstance(begin, bytes)
+                        return XLogData(end, end, begin)
                     # Held: the caller hears from the server at least every `timeout_s`, so that its
                     # status replies and checks go on while a large transaction's chunks arrive (a
                     # keepalive at position 0 says nothing new).
@@ -405,4 +415,6 @@ class ReplicationStream:
             self._conn = None
         if self._streamed is not None:
             self._streamed.close()  # the server streams open transactions again from their start
+        if self._replay is not None:
+            self._replay.close()  # a decoded transaction not read to its end: its rows' file is deleted
         self._replay = None

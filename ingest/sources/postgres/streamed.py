@@ -8,6 +8,11 @@ it), so the chunks are held here, per top-level xid, and on Stream Commit handed
 protocol 1 frames a transaction: a Begin, the changes in stream order, a Commit, with the same
 LSNs, xid and timestamp. The change builder and the batcher then treat it exactly as they treat
 any transaction (a large one is paged behind the safe bound, DESIGN §4).
+
+Given a decoder of in-flight transactions (inflight.py), each transaction's changes are also
+decoded as they arrive; on its commit, if that decoding went through, the frame holds its
+Relation messages and a DecodedTransaction (its rows) instead of its changes, and the held
+messages are only the way back when it did not.
 """
 
 from __future__ import annotations
@@ -15,15 +20,18 @@ from __future__ import annotations
 import marshal
 import struct
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from typing import IO, Final
 
+from ingest.bronze.pending import PendingRows
 from ingest.errors import SourceError
+from ingest.sources.postgres.inflight import InflightTransaction
 from ingest.sources.postgres.pgoutput import (
     MSG_BEGIN,
     MSG_COMMIT,
     MSG_ORIGIN,
+    MSG_RELATION,
     MSG_STREAM_ABORT,
     MSG_STREAM_COMMIT,
     MSG_STREAM_START,
@@ -32,6 +40,7 @@ from ingest.sources.postgres.pgoutput import (
     StreamCommit,
     StreamStart,
     decode,
+    pg_to_unix_us,
     unstream,
 )
 
@@ -39,6 +48,8 @@ from ingest.sources.postgres.pgoutput import (
 # is written to a local temporary file instead: a 1M-row transaction must not grow the process
 # without bound. Each held message costs about 100 bytes of Python objects beside its own bytes.
 SPILL_BYTES: Final = 64 * 1024 * 1024
+# The same for a transaction also decoded as it arrives: its held messages are only the way back.
+INFLIGHT_SPILL_BYTES: Final = 8 * 1024 * 1024
 STREAM_CONTROL: Final = frozenset(MSG_STREAM_START + MSG_STREAM_STOP + MSG_STREAM_COMMIT + MSG_STREAM_ABORT)
 # A spilled transaction's changes are written in segments of this many changes or bytes at most.
 SEGMENT_ITEMS: Final = 4096
@@ -64,6 +75,8 @@ class _Open:
     aborted: set[int] = field(default_factory=set)
     segment: list[tuple[int, bytes]] = field(default_factory=list)  # not yet written to `spill`
     segment_bytes: int = 0
+    inflight: InflightTransaction | None = None  # its changes decoded as they arrive, while that goes through
+    relations: list[tuple[int, bytes]] = field(default_factory=list)  # its Relation messages, for the commit
 
     def add(self, xid: int, payload: bytes) -> int:
         """Hold one change; the bytes it added to memory (a spilled transaction's segment counts none)."""
@@ -136,7 +149,10 @@ class _Open:
         return (payload for _, payload in changes)
 
     def close(self) -> None:
-        """Forget the transaction (its spill file is deleted)."""
+        """Forget the transaction (its spill files are deleted)."""
+        if self.inflight is not None:
+            self.inflight.close()
+            self.inflight = None
         if self.spill is not None:
             self.spill.close()
             self.spill = None
@@ -154,9 +170,16 @@ class StreamedTransactions:
     durable: the slot must not be confirmed past it on its account).
     """
 
-    def __init__(self, spill_bytes: int = SPILL_BYTES) -> None:
-        """Start outside any stream block, holding nothing; `spill_bytes` in bytes of messages."""
+    def __init__(
+        self, spill_bytes: int = SPILL_BYTES, inflight: Callable[[int], InflightTransaction] | None = None
+    ) -> None:
+        """Start outside any stream block, holding nothing; `spill_bytes` in bytes of messages.
+
+        `inflight(xid)`: a decoder for the changes of transaction `xid` as they arrive (None:
+        every transaction is decoded at its commit, from the held messages).
+        """
         self.spill_bytes = spill_bytes
+        self._inflight = inflight
         self._open: dict[int, _Open] = {}
         self._block: _Open | None = None
         self._held_bytes = 0
@@ -179,10 +202,11 @@ class StreamedTransactions:
         """How many open transactions are held in spill files."""
         return sum(1 for t in self._open.values() if t.spill is not None)
 
-    def take(self, wal_start: int, payload: bytes) -> Iterator[bytes] | None:
+    def take(self, wal_start: int, payload: bytes) -> Generator[bytes | DecodedTransaction, None, None] | None:
         """Take one message of the stream (`takes` said so); a committed transaction's messages, or None.
 
-        The messages handed back are protocol 1 ones: Begin, the changes, Commit. SourceError when
+        The messages handed back are protocol 1 ones: Begin, the changes (or the Relation messages
+        and a DecodedTransaction), Commit. SourceError when
         the server's stream does not follow the protocol (a chunk of a transaction not begun, a
         commit of one never streamed): nothing is guessed.
         """
@@ -195,9 +219,19 @@ class StreamedTransactions:
                 pass  # protocol 1 sends it after Begin and bronze keeps none: nothing to hold
             else:
                 xid, message = unstream(payload)
-                self._held_bytes += self._block.add(xid, message)
-                if self._held_bytes > self.spill_bytes and self._block.spill is None:
-                    self._held_bytes -= self._block.spill_to_disk()
+                block = self._block
+                self._held_bytes += block.add(xid, message)
+                limit = self.spill_bytes
+                if block.inflight is not None:
+                    if message[0] == MSG_RELATION[0]:
+                        block.relations.append((xid, message))
+                    block.inflight.feed(xid, message)
+                    if block.inflight.failed:
+                        block.inflight, block.relations = None, []
+                    else:
+                        limit = min(limit, INFLIGHT_SPILL_BYTES)
+                if self._held_bytes > limit and block.spill is None:
+                    self._held_bytes -= block.spill_to_disk()
             return None
         msg = decode(payload)
         if isinstance(msg, StreamStart):
@@ -208,7 +242,8 @@ class StreamedTransactions:
                         f"the server streamed a later chunk of transaction {msg.xid} whose first chunk this "
                         "stream never received; restart the stream (it resends the transaction whole)"
                     )
-                txn = self._open[msg.xid] = _Open(wal_start)
+                inflight = self._inflight(msg.xid) if self._inflight is not None else None
+                txn = self._open[msg.xid] = _Open(wal_start, inflight=inflight)
             self._block = txn
             return None
         if isinstance(msg, StreamAbort):
@@ -221,6 +256,9 @@ class StreamedTransactions:
                 del self._open[msg.xid]
             else:
                 self._held_bytes -= txn.abort(msg.subxid)
+                if txn.inflight is not None:
+                    txn.inflight.abort(msg.subxid)
+                    txn.relations = [(x, m) for x, m in txn.relations if x != msg.subxid]
             return None
         if isinstance(msg, StreamCommit):
             txn = self._open.pop(msg.xid, None)
@@ -230,6 +268,13 @@ class StreamedTransactions:
                     "connection; restart the stream (it resends the transaction whole)"
                 )
             self._held_bytes -= txn.held_bytes
+            rows = txn.inflight.rows if txn.inflight is not None else None
+            if rows is not None:
+                assert txn.inflight is not None
+                txn.inflight.rows = None  # handed on: closed once read (_decoded)
+                relations = txn.relations
+                txn.close()  # the held messages are not needed
+                return _decoded(msg, relations, rows)
             return _as_protocol_1(msg, txn)
         raise SourceError(f"pgoutput sent {msg!r} outside a stream block")  # StreamStop without a start
 
@@ -242,7 +287,34 @@ class StreamedTransactions:
         self._held_bytes = 0
 
 
-def _as_protocol_1(msg: StreamCommit, txn: _Open) -> Iterator[bytes]:
+@dataclass(frozen=True, slots=True)
+class DecodedTransaction:
+    """A committed streamed transaction's rows, decoded while it ran: handed on in place of its changes.
+
+    The rows carry no position yet: the i-th kept row is the event at `(commit_lsn, i)`.
+    `commit_ts_us` in Unix epoch microseconds, as ChangeEvent has it.
+    """
+
+    rows: PendingRows
+    xid: int
+    commit_lsn: int
+    commit_ts_us: int
+
+
+def _decoded(
+    msg: StreamCommit, relations: list[tuple[int, bytes]], rows: PendingRows
+) -> Generator[bytes | DecodedTransaction, None, None]:
+    """Begin, the transaction's kept Relation messages (for the relation cache and shapes), its rows, Commit."""
+    try:
+        yield MSG_BEGIN + _BEGIN.pack(msg.commit_lsn, msg.commit_ts_us, msg.xid)
+        yield from (message for _, message in relations)
+        yield DecodedTransaction(rows, msg.xid, msg.commit_lsn, pg_to_unix_us(msg.commit_ts_us))
+    finally:
+        rows.close()
+    yield MSG_COMMIT + _COMMIT.pack(msg.flags, msg.commit_lsn, msg.end_lsn, msg.commit_ts_us)
+
+
+def _as_protocol_1(msg: StreamCommit, txn: _Open) -> Generator[bytes, None, None]:
     """The transaction as protocol 1 sends it: Begin (final LSN, timestamp, xid), its changes, Commit."""
     yield MSG_BEGIN + _BEGIN.pack(msg.commit_lsn, msg.commit_ts_us, msg.xid)
     yield from txn.changes()

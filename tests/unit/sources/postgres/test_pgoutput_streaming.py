@@ -11,15 +11,22 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable, Iterable, Iterator
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from ingest.bronze import pending
+from ingest.bronze.committer import Batch
+from ingest.bronze.writer import wal_rows
+from ingest.capture.batcher import Resume, TransactionBatcher
+from ingest.config import BatchConfig
 from ingest.errors import SourceError
 from ingest.sources.postgres import native, streamed
-from ingest.sources.postgres.changes import ChangeBuilder
+from ingest.sources.postgres.changes import ChangeBuilder, TxnEnd
+from ingest.sources.postgres.inflight import EarlyCatalog, InflightTransaction
 from ingest.sources.postgres.pgoutput import (
     MSG_RELATION,
     Begin,
@@ -35,7 +42,7 @@ from ingest.sources.postgres.pgoutput import (
     decode_streamed,
     unstream,
 )
-from ingest.sources.postgres.streamed import StreamedTransactions
+from ingest.sources.postgres.streamed import DecodedTransaction, StreamedTransactions
 from tests.unit.sources.postgres.recorded import FixtureCatalog
 
 FIXTURE = Path(__file__).with_name("fixtures") / "pgoutput_v2_streaming.json"
@@ -230,3 +237,190 @@ def test_the_compiled_decoder_reads_streamed_changes_as_python_does() -> None:
             assert encoder.change_streamed(payload) == (xid, *encoder.change(unstream(payload)[1]))
             checked += 1
     assert native.available() and checked > 100
+
+
+# -- decoded as they arrive (inflight.py) ------------------------------------------------------
+
+
+class _KeyedCatalog(FixtureCatalog):
+    def record_key(self, relation_id: int) -> list[str]:
+        return ["id"]
+
+
+class _Sink:
+    """The committer as the batcher sees it: takes batches, never durable."""
+
+    durable_lsn = 0
+    ack_lsn = 0
+
+    def __init__(self) -> None:
+        self.batches: list[Batch] = []
+
+    def submit(self, batch: Batch) -> None:
+        self.batches.append(batch)
+
+    def drain(self) -> None:
+        pass
+
+
+def _decoders(configured: bool = True, spill_bytes: int = 1 << 30) -> Callable[[int], InflightTransaction]:
+    early = EarlyCatalog(_KeyedCatalog(), lambda table: configured)
+    return lambda xid: InflightTransaction(early, xid, spill_bytes=spill_bytes)
+
+
+def _stream(
+    spill_bytes: int, decoders: Callable[[int], InflightTransaction] | None
+) -> Iterator[bytes | DecodedTransaction]:
+    """The protocol 2 recording as the replication stream hands it on, one at a time (as it is read)."""
+    s = StreamedTransactions(spill_bytes, inflight=decoders)
+    for lsn, payload in recorded("v2"):
+        if not s.takes(payload):
+            yield payload
+            continue
+        replay = s.take(lsn, payload)
+        if replay is not None:
+            yield from replay
+    assert s.oldest_start() is None, "every streamed transaction ended"
+
+
+def _land(
+    items: Iterable[bytes | DecodedTransaction],
+    batch: BatchConfig,
+    resume: Resume | None = None,
+    decoded: list[DecodedTransaction] | None = None,
+) -> list[Batch]:
+    """What capture's loop hands the committer for these messages (no clock: batches cut by size only)."""
+    sink = _Sink()
+    batcher = TransactionBatcher(sink, batch, resume or Resume(0))
+    builder = ChangeBuilder(_KeyedCatalog())
+    for item in items:
+        if isinstance(item, DecodedTransaction):
+            assert builder.in_txn
+            batcher.add_rows(item.rows, item.commit_lsn, item.xid, item.commit_ts_us, 0.0)
+            if decoded is not None:
+                decoded.append(item)
+            continue
+        out = builder.feed_payload(item)
+        if isinstance(out, TxnEnd):
+            batcher.end_transaction(out.commit_lsn, out.end_lsn, 0.0)
+        elif out is not None:
+            assert builder.in_txn, "the recording has no message outside a transaction"
+            batcher.add(out, 0.0)
+    if batcher.has_work:
+        batcher.submit()
+    return sink.batches
+
+
+def _landed(batches: list[Batch]) -> tuple[list[Any], list[dict[str, Any]]]:
+    """The batches' cuts (size, durable position, page or not) and their wal_events rows but ingest time."""
+    cuts = [(b.count, b.durable_lsn, b.mid_transaction) for b in batches]
+    rows = []
+    for b in batches:
+        table = wal_rows("src", "postgres", "stream", b.events, b.end_lsns, b.rows).drop_columns(["ingested_at"])
+        rows += sorted(table.to_pylist(), key=lambda r: (r["commit_lsn"], r["commit_index"]))
+    return cuts, rows
+
+
+@pytest.mark.parametrize("spill_bytes", [64 * 1024 * 1024, 1], ids=["held", "spilled"])
+@pytest.mark.parametrize("max_events", [100_000, 97], ids=["whole", "paged"])
+@pytest.mark.parametrize("batch_rows", [pending.BATCH_ROWS, 50], ids=["open", "batched"])
+def test_decoded_as_they_arrive_the_rows_and_pages_are_protocol_1s(
+    spill_bytes: int, max_events: int, batch_rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decoded per chunk and stamped at the commit: protocol 1's rows, cut into the same pages.
+
+    Pins that a streamed transaction's rows are decoded before its commit (a DecodedTransaction
+    is handed on, not its changes), that the aborted savepoint's rows are gone (still being
+    collected when it aborts, or already in record batches held or spilled), and that paging
+    behind the safe bound cuts where protocol 1's cuts (same end_lsn, durable positions).
+    """
+    monkeypatch.setattr(pending, "BATCH_ROWS", batch_rows)
+    batch = BatchConfig(max_events=max_events)
+    decoded: list[DecodedTransaction] = []
+    want = _landed(_land([p for _, p in recorded("v1")], batch))
+    got = _landed(_land(_stream(1, _decoders(spill_bytes=spill_bytes)), batch, decoded=decoded))
+    assert len(want[1]) > 800 and any(mid for _, _, mid in want[0]) == (max_events < 1000)
+    assert got == want
+    [txn] = decoded
+    assert txn.rows.rows > 800 and bool(txn.rows._spilled_parts) == (spill_bytes == 1)
+
+
+def test_rows_a_restart_already_put_in_bronze_are_skipped() -> None:
+    """Re-delivered after a crash that left pages of it in bronze: only the rest is appended, as protocol 1 does."""
+    batch = BatchConfig(max_events=97)
+    _, everything = _landed(_land([p for _, p in recorded("v1")], batch))
+    big = max({r["commit_lsn"] for r in everything}, key=lambda lsn: sum(r["commit_lsn"] == lsn for r in everything))
+    resume = Resume(0, (big, 300))
+    want = _landed(_land([p for _, p in recorded("v1")], batch, resume))
+    got = _landed(_land(_stream(1, _decoders()), batch, resume))
+    assert got == want
+    assert {(r["commit_lsn"], r["commit_index"]) for r in got[1]} == {
+        (r["commit_lsn"], r["commit_index"]) for r in everything if (r["commit_lsn"], r["commit_index"]) > (big, 300)
+    }
+
+
+def test_a_transaction_it_may_not_decode_early_is_decoded_at_its_commit() -> None:
+    """A table the config does not name (or a user type, or rules) sends the transaction to the held messages."""
+    items = list(_stream(1, _decoders(configured=False)))
+    assert not any(isinstance(i, DecodedTransaction) for i in items)
+    assert items == reassembled(1)
+
+
+def _relation(xid: int) -> bytes:
+    return (
+        b"R"
+        + struct.pack("!II", xid, 7)
+        + b"public\0items\0d"
+        + struct.pack("!h", 1)
+        + b"\x01id\0"
+        + struct.pack("!Ii", 23, -1)
+    )
+
+
+def _stop() -> bytes:
+    return b"E"
+
+
+def test_interleaved_transactions_and_an_aborted_subtransaction_decode_apart() -> None:
+    """Two transactions' chunks interleaved, a savepoint of one rolled back after its rows were decoded."""
+    s = StreamedTransactions(inflight=_decoders())
+    chunks = [
+        (_start(10), _relation(10), _insert(10, 1), _stop()),
+        (_start(20), _relation(20), _insert(20, 100), _stop()),
+        (_start(10, first=False), _insert(11, 2), _insert(10, 3), _stop()),
+    ]
+    for chunk in chunks:
+        for p in chunk:
+            assert s.take(100, p) is None
+    assert s.take(200, b"A" + struct.pack("!II", 10, 11)) is None
+    got = {}
+    for xid in (20, 10):
+        replay = s.take(300, _commit(xid))
+        assert replay is not None
+        begin, relation, decoded = next(replay), next(replay), next(replay)
+        assert decode(begin) == Begin(500, 42, xid) and isinstance(decode(relation), Relation)
+        assert isinstance(decoded, DecodedTransaction) and decoded.xid == xid
+        got[xid] = [r["record"] for b in decoded.rows.batches() for r in b.to_pylist()]
+        assert decode(next(replay)) == Commit(0, 500, 600, 42)
+        assert next(replay, None) is None and decoded.rows._file is None
+    assert got == {20: ['{"id":100}'], 10: ['{"id":1}', '{"id":3}']}
+    assert s.oldest_start() is None
+
+
+def test_a_decoded_rows_file_cut_short_is_an_error() -> None:
+    """The spilled decoded rows, damaged on the local disk: a SourceError saying to run again, not rows lost."""
+    rows = pending.PendingRows(spill_bytes=1)
+    early = _decoders()(10)
+    early.builder.feed(decode(_relation(10)[:1] + _relation(10)[5:]))
+    for i in range(3):
+        rows.add(10, early.builder.feed_payload(_insert(10, i)[:1] + _insert(10, i)[5:]))  # type: ignore[arg-type]
+        rows.add(11, early.builder.feed_payload(_insert(11, i)[:1] + _insert(11, i)[5:]))  # type: ignore[arg-type]
+    rows._flush()
+    assert rows._file is not None and rows._writer is not None
+    rows._writer.close()
+    rows._writer = None
+    rows._file.flush()
+    rows._file.truncate(rows._file.tell() - 50)  # the local disk lost the file's end
+    with pytest.raises(SourceError, match="ended early or is damaged"):
+        list(rows.batches())
+    rows.close()
