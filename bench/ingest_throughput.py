@@ -15,14 +15,16 @@ then scripts/pg.sh with CHANGELAKE_PG_BINDIR on a free port in 25500-25599; stop
 the end); without it, the default cluster (CHANGELAKE_PG_DSN or scripts/pg.sh start: Debian's 15).
 pg_recvlogical is always Debian's client, which speaks to every major. `--protocol 1` sets
 `streaming: false` on ingest's source (pgoutput protocol 1, the server spills a large transaction);
-`auto` is ingest's default (protocol 2 with streaming 'on' from PostgreSQL 14). `--parts` runs both
+`auto` is ingest's default (protocol 2 with streaming 'on' from PostgreSQL 14); `both` reads each
+single transaction with both, from two slots, one run after the other (the stream part: `auto`), and
+`--single-runs N` makes N single transactions, the order of the two alternating. `--parts` runs both
 parts, or only the stream or the single transaction. `--startup-runs N` adds N runs of `run --once`
 with nothing new to read: the start-up alone (imports, checks, bronze reads, the drain marker's
 commit), median and spread, which the stream part's single start-up figure is too noisy to show.
 
 Usage: .venv/bin/python bench/ingest_throughput.py [--rows 1000000] [--single-txn-rows 1000000]
-       [--batch-events 100000] [--pg-major N] [--protocol auto|1] [--parts both|stream|single]
-       [--startup-runs N]
+       [--batch-events 100000] [--pg-major N] [--protocol auto|1|both] [--parts both|stream|single]
+       [--single-runs N] [--startup-runs N]
 """
 
 from __future__ import annotations
@@ -383,42 +385,53 @@ def stream_part(
 
 
 def single_part(
-    conn: psycopg.Connection[Any], d: str, cfg: Path, schema: str, name: str, rows: int, out: Summary
+    conn: psycopg.Connection[Any],
+    d: str,
+    runs: list[tuple[str, Path, str]],
+    schema: str,
+    rows: int,
+    out: Summary,
+    first_id: int = 10_000_000,
 ) -> None:
-    """One transaction of `rows` inserts, then `run --once`; what the server did with it on ingest's slot."""
-    ingest_slot = f"changelake_{name}"
-    before = slot_stats(conn, ingest_slot)
+    """One transaction of `rows` inserts, then `run --once` of each (protocol, config, source name) in
+    `runs`, one after the other, each from its own slot; what the server did with it on each slot."""
+    before = {name: slot_stats(conn, f"changelake_{name}") for _, _, name in runs}
     t = time.monotonic()
     conn.execute(
         f"insert into {schema}.events select g, 1, 'one', 1, now() from generate_series(%s::bigint, %s::bigint) g",
-        (10_000_000, 10_000_000 + rows - 1),
+        (first_id, first_id + rows - 1),
     )
     print(f"generated one transaction of {rows:,} inserts in {time.monotonic() - t:.0f} s")
-    secs, peak, log, started = run_ingest(cfg, d, ingest_slot)
-    stats = slot_stats_after(conn, ingest_slot, before)
-    commits = commit_seconds(log, started)
-    done = commits[-1] if commits else float("nan")
-    first = commits[0] if commits else float("nan")
-    print(
-        f"single transaction of {rows:,} rows: {secs:.1f} s wall clock, committed bronze {done:.1f} s after process "
-        f"start ({len(commits)} commits, the first at {first:.1f} s), peak RSS python {mib(peak.py_peak)}, "
-        f"child processes {mib(peak.jvm_peak)}"
-    )
-    print(f"CPU time (2 cores), ingest run: {peak.cpu_line()}, over {secs:.1f} s of wall clock")
-    print(f"slot stats, ingest's slot {ingest_slot}: {stats_line(stats)}")
+    if not out.lines or not out.lines[-1].startswith("single transaction"):
+        out.lines.append(
+            f"single transaction of {rows:,} inserts:\n"
+            "| PostgreSQL | ingest protocol | `run --once` wall | **to committed bronze** | bronze commits "
+            "| ingest CPU | walsender CPU | **peak RSS** | spill_txns | **spill_bytes** | stream_txns "
+            "| stream_bytes |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+        )
+    for protocol, cfg, name in runs:
+        ingest_slot = f"changelake_{name}"
+        secs, peak, log, started = run_ingest(cfg, d, ingest_slot)
+        stats = slot_stats_after(conn, ingest_slot, before[name])
+        commits = commit_seconds(log, started)
+        done = commits[-1] if commits else float("nan")
+        first = commits[0] if commits else float("nan")
+        print(
+            f"single transaction of {rows:,} rows, protocol {protocol}: {secs:.1f} s wall clock, committed bronze "
+            f"{done:.1f} s after process start ({len(commits)} commits, the first at {first:.1f} s), peak RSS "
+            f"python {mib(peak.py_peak)}, child processes {mib(peak.jvm_peak)}"
+        )
+        print(f"CPU time (2 cores), ingest run: {peak.cpu_line()}, over {secs:.1f} s of wall clock")
+        print(f"slot stats, ingest's slot {ingest_slot}: {stats_line(stats)}")
 
-    def cell(key: str) -> str:
-        return "n/a" if stats is None else f"{stats[key]:,}"
+        def cell(key: str, stats: dict[str, int] | None = stats) -> str:
+            return "n/a" if stats is None else f"{stats[key]:,}"
 
-    out.lines.append(
-        f"single transaction of {rows:,} inserts:\n"
-        f"| PostgreSQL | ingest protocol | `run --once` wall | **to committed bronze** | bronze commits "
-        f"| ingest CPU | walsender CPU | **peak RSS** | spill_txns | **spill_bytes** | stream_txns | stream_bytes |\n"
-        f"|---|---|---|---|---|---|---|---|---|---|---|---|\n"
-        f"| {out.version} | {out.protocol} | {secs:.1f} s | **{done:.1f} s** | {len(commits)} "
-        f"| {peak.cpu_total('python'):.1f} s | {peak.cpu_total('walsender'):.1f} s | **{mib(peak.py_peak)}** "
-        f"| {cell('spill_txns')} | **{cell('spill_bytes')}** | {cell('stream_txns')} | {cell('stream_bytes')} |"
-    )
+        out.lines[-1] += (
+            f"\n| {out.version} | {protocol} | {secs:.1f} s | **{done:.1f} s** | {len(commits)} "
+            f"| {peak.cpu_total('python'):.1f} s | {peak.cpu_total('walsender'):.1f} s | **{mib(peak.py_peak)}** "
+            f"| {cell('spill_txns')} | **{cell('spill_bytes')}** | {cell('stream_txns')} | {cell('stream_bytes')} |"
+        )
 
 
 def startup_part(d: str, cfg: Path, name: str, runs: int, out: Summary) -> None:
@@ -466,9 +479,17 @@ def main() -> None:
     )
     ap.add_argument(
         "--protocol",
-        choices=["auto", "1"],
+        choices=["auto", "1", "both"],
         default="auto",
-        help="auto: ingest's default (pgoutput 2 with streaming 'on' from PostgreSQL 14); 1: `streaming: false`",
+        help="auto: ingest's default (pgoutput 2 with streaming 'on' from PostgreSQL 14); 1: `streaming: false`; "
+        "both: the single transaction read by each, from two slots, in the same run (the stream part: auto)",
+    )
+    ap.add_argument(
+        "--single-runs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="the single transaction N times (with --protocol both: each time by both, the order alternating)",
     )
     ap.add_argument("--parts", choices=["both", "stream", "single"], default="both")
     ap.add_argument(
@@ -492,7 +513,7 @@ def main() -> None:
         try:
             out.version = str(conn.execute("show server_version").fetchone()[0])  # type: ignore[index]
             work_mem = conn.execute("show logical_decoding_work_mem").fetchone()[0]  # type: ignore[index]
-            streams = args.protocol == "auto" and conn.info.server_version >= 140000
+            streams = args.protocol != "1" and conn.info.server_version >= 140000
             out.protocol = "2, streaming on" if streams else "1"
             print(f"server: PostgreSQL {out.version} ({origin}); logical_decoding_work_mem {work_mem}")
             print(f"baseline client: {out.recvlogical}")
@@ -513,22 +534,34 @@ def main() -> None:
             }
             if args.protocol == "1":
                 source["streaming"] = False
-            cfg = work / "ingest.yml"
-            cfg.write_text(
-                yaml.safe_dump(
-                    {
-                        "warehouse": str(work / "warehouse"),
-                        "batch": {"max_events": args.batch_events, "max_seconds": 10},
-                        "sources": [source],
-                    }
-                )
-            )
-            subprocess.run([PY, "-m", "ingest", "-c", str(cfg), "setup"], cwd=ROOT, check=True, capture_output=True)
 
+            def config(path: Path, source: dict[str, Any]) -> Path:
+                path.write_text(
+                    yaml.safe_dump(
+                        {
+                            "warehouse": str(work / "warehouse"),
+                            "batch": {"max_events": args.batch_events, "max_seconds": 10},
+                            "sources": [source],
+                        }
+                    )
+                )
+                subprocess.run(
+                    [PY, "-m", "ingest", "-c", str(path), "setup"], cwd=ROOT, check=True, capture_output=True
+                )
+                return path
+
+            cfg = config(work / "ingest.yml", source)
             if args.parts in ("both", "stream") and args.rows:
                 stream_part(conn, d, cfg, schema, name, suffix, args.rows, out)
+            single = [(out.protocol, cfg, name)]
+            if args.protocol == "both":  # protocol 1 from a slot of its own (made now), on the same transactions
+                name1 = f"bench1_{suffix}"
+                cfg1 = config(work / "ingest-p1.yml", {**source, "name": name1, "streaming": False})
+                single.append(("1", cfg1, name1))
             if args.parts in ("both", "single") and args.single_txn_rows:
-                single_part(conn, d, cfg, schema, name, args.single_txn_rows, out)
+                for i in range(args.single_runs):
+                    order = single if i % 2 == 0 else single[::-1]
+                    single_part(conn, d, order, schema, args.single_txn_rows, out, 10_000_000 * (i + 1))
             if args.startup_runs:
                 startup_part(d, cfg, name, args.startup_runs, out)
         finally:
@@ -538,6 +571,7 @@ def main() -> None:
                 ).fetchall():
                     c.execute("select pg_drop_replication_slot(%s)", (slot,))
                 c.execute(f"drop publication if exists changelake_{name}")
+                c.execute(f"drop publication if exists changelake_bench1_{suffix}")
                 c.execute(f"drop schema if exists {schema} cascade")
             conn.close()
             shutil.rmtree(work, ignore_errors=True)
