@@ -17,10 +17,10 @@ Two kinds of position reach the committer, and they mean different things (revie
 from __future__ import annotations
 
 import time
+from bisect import bisect_right
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Protocol
-
-import numpy as np
 
 from ingest.bronze.committer import Batch
 from ingest.bronze.pending import PendingRows, RowSlice, row_sizes
@@ -169,7 +169,7 @@ class TransactionBatcher:
             self.skipped += start
             if start == n:
                 continue
-            sizes = np.cumsum(row_sizes(batch).to_numpy(zero_copy_only=False)[start:])
+            sizes = list(accumulate(row_sizes(batch).slice(start).to_pylist()))  # numpy is not a dependency
             taken = 0  # of sizes
             while start < n:
                 if self.pending_count and self.pending_count >= self.max_events:
@@ -177,7 +177,7 @@ class TransactionBatcher:
                 room = self.max_events - self.pending_count
                 base = sizes[taken - 1] if taken else 0
                 limit = self.max_bytes - self.pending_bytes + base
-                k = int(np.searchsorted(sizes[taken : taken + room], limit, side="right"))
+                k = bisect_right(sizes, limit, taken, min(taken + room, len(sizes))) - taken
                 if k == 0:
                     if self.pending_count:
                         self._cut()

@@ -53,9 +53,11 @@ def resnapshotted(
     Fails unless every table the tombstone truncated has one, every writer row but the stream's
     is retired, and no page of that snapshot lies at or before the tombstone. Without a tombstone
     (a Postgres recovery writes none), for `tables` and after `after_lsn`, and the snapshot must be
-    a whole-table one (`table_snapshot`: silver searches it for the keys the gap deleted).
+    a whole-table one (`table_snapshot`: silver searches it for the keys the gap deleted); after a
+    tombstone (MongoDB's recovery) any complete snapshot will do.
     """
     tombstones = [e for e in bronze_events(warehouse, source) if e.message_prefix == prefix]
+    whole_table = tables is not None and after_lsn is not None
     if tables is None or after_lsn is None:
         assert tombstones, "no history-lost tombstone in bronze"
         tables, after_lsn = list(tombstones[-1].truncated_tables), tombstones[-1].commit_lsn
@@ -74,7 +76,9 @@ def resnapshotted(
             for sid in after
             if any(p.last_page for p in mine if p.snapshot_id == sid)
             and all(
-                p.high_watermark_lsn > after_lsn and p.table_snapshot is not None for p in mine if p.snapshot_id == sid
+                p.high_watermark_lsn > after_lsn and (p.table_snapshot is not None or not whole_table)
+                for p in mine
+                if p.snapshot_id == sid
             )
         )
         assert done, f"{table}: no complete whole-table snapshot after {after_lsn}"
