@@ -1,4 +1,4 @@
-"""Generated gold behind the source's shape: the dbt test that says so (issue 33).
+"""Generated gold behind the source's shape: the dbt test that says so.
 
 `changelake-ingest gold generate` writes a model per table from silver.table_columns. When the
 source gains, loses or retypes a column later, the model still builds but no longer says what the
