@@ -11,7 +11,9 @@
           the model last ran (`input_versions`, from changelake_input_versions, equals the table
           property the last run stored). For the gold tables: their inputs are models and sources
           that any invocation may have changed (`dbt run --select silver`, a `verify`), which the
-          run-wide decision above cannot see.
+          run-wide decision above cannot see. With config skip_inputs only the named inputs
+          count, and rebuild_when_arrived runs the model when a left-out input now holds a row
+          its table waits for (changelake_awaited_rows_arrived).
         Never skipped: a model whose table does not exist yet, a --full-refresh, a model without
         the config, or a var changelake_skip_unchanged set to false.
     -#}
@@ -28,7 +30,8 @@
         {{ return(none) }}
     {%- endif -%}
     {%- if skip_when == 'inputs_unchanged' -%}
-        {%- if input_versions is not none and input_versions == changelake_stored_input_versions() -%}
+        {%- if input_versions is not none and input_versions == changelake_stored_input_versions()
+            and not changelake_awaited_rows_arrived() -%}
             {{ return('skipped: inputs unchanged') }}
         {%- endif -%}
         {{ return(none) }}
