@@ -83,6 +83,10 @@ class ColumnShape:
     # reused). None in shapes recorded before it was, and where the catalog no longer matched the
     # shape when it was met (schema_changes.with_attnums).
     attnum: int | None = None
+    # A composite type's fields, (name, format_type()), in order: of the column's type, or of an
+    # array's element type; a domain's base type. None for any other type, and in shapes recorded
+    # before fields were (schema_changes.with_attnums looks them up).
+    fields: tuple[tuple[str, str], ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +111,9 @@ class RelationShape:
         parts += [f"{c.name}:{c.type_oid}:{c.type_modifier}:{c.pk_position}:{c.type_name}" for c in self.columns]
         # attnums only where known: a shape recorded without them keeps its hash.
         parts += [f"attnum:{c.name}:{c.attnum}" for c in self.columns if c.attnum is not None]
+        # a composite's fields only where known: a shape without composites keeps its hash, and one
+        # whose composite type gained, lost or retyped a field (ALTER TYPE) is another shape.
+        parts += [f"fields:{c.name}:" + "\x1e".join(f"{n}:{t}" for n, t in c.fields) for c in self.columns if c.fields]
         # A masked column (masking.py) is another shape; the hashes of every other shape stay as they were.
         parts += [f"masked:{c.name}" for c in self.columns if c.json_kind == "masked"]
         return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:16]

@@ -293,11 +293,21 @@ def type_note(spark_type: str) -> str:
     The nulls json_text_to_spark_type makes of values the Spark type cannot hold, where they are
     not plainly the source's own (docs/dbt.md, "Gold types").
     """
+    note = ""
+    element = spark_type
     if spark_type.startswith("array<"):
-        return "; a multi-dimensional value is null here, silver keeps it"
-    if spark_type.startswith("struct<lower:"):
-        return "; a range: lower and upper are null when unbounded or infinite"
-    return ""
+        note, element = "; a multi-dimensional value is null here, silver keeps it", spark_type[len("array<") : -1]
+    if RANGE_STRUCT.fullmatch(element):
+        return note or "; a range: lower and upper are null when unbounded or infinite"
+    if element.startswith("struct<"):
+        note += "; a composite: a field that is itself a composite or an array is its Postgres text"
+    return note
+
+
+# The struct of a built-in range (macro spark_type_for_pg_type); any other struct is a composite's.
+RANGE_STRUCT = re.compile(
+    r"struct<lower:[^,]+(?:,[0-9]+\))?,upper:.*,lower_inc:boolean,upper_inc:boolean,empty:boolean>"
+)
 
 
 def model_yml(model: dict[str, Any]) -> str:

@@ -21,6 +21,15 @@
         '^struct<lower:(' ~ scalar ~ '),upper:\\1,lower_inc:boolean,upper_inc:boolean,empty:boolean>$', spark_type
     ) -%}
     {%- set array_type = modules.re.match('^array<(.*)>$', spark_type) -%}
+    {#- A composite's struct: fields named by plain identifiers, each a scalar or a range. -#}
+    {%- set scalar_type = scalar | replace('(,[0-9]+)?', '(?:,[0-9]+)?') -%}
+    {%- set field_type = '(?:' ~ scalar_type ~ '|struct<lower:(?:' ~ scalar_type ~ '),upper:(?:' ~ scalar_type
+        ~ '),lower_inc:boolean,upper_inc:boolean,empty:boolean>)' -%}
+    {%- set field = '([A-Za-z_][A-Za-z0-9_]*):(' ~ field_type ~ ')' -%}
+    {#- (one whose fields are a range's is not: spark_type_for_pg_type leaves such a composite text) -#}
+    {%- set composite_type = not modules.re.match(
+            '^struct<lower:.*,upper:.*,lower_inc:boolean,upper_inc:boolean,empty:boolean>$', spark_type
+        ) and modules.re.match('^struct<' ~ field ~ '(?:,' ~ field ~ ')*>$', spark_type) -%}
     {%- if array_type and not array_type.group(1).startswith('array<') -%}
         case
             when {{ value }} rlike '^\\[\\s*\\[' then null
@@ -47,6 +56,38 @@
                 'lower_inc', startswith({{ value }}, '['),
                 'upper_inc', endswith({{ value }}, ']'),
                 'empty', false
+            )
+        end
+    {%- elif composite_type -%}
+        {%- set fields = modules.re.findall(field ~ '(?:,|>$)', spark_type[7:]) -%}
+        case
+            when {{ value }} is null then null
+            else element_at(
+                transform(
+                    array(
+                        transform(
+                            regexp_extract_all(
+                                concat(',', substr({{ value }}, 2, length({{ value }}) - 2)),
+                                ',("(?:[^"]++|"")*+"|[^,"]*+)',
+                                1
+                            ),
+                            cl_field -> case
+                                when cl_field = '' then null
+                                when startswith(cl_field, '"')
+                                    then replace(
+                                        replace(substr(cl_field, 2, length(cl_field) - 2), '""', '"'), '\\\\', '\\'
+                                    )
+                                else cl_field
+                            end
+                        )
+                    ),
+                    cl_fields -> named_struct(
+                        {%- for name, type in fields %}
+                            '{{ name }}', {{ cast_to('get(cl_fields, ' ~ loop.index0 ~ ')', type) }}{{ ',' if not loop.last }}
+                        {%- endfor %}
+                    )
+                ),
+                1
             )
         end
     {%- elif not modules.re.match('^(' ~ scalar ~ ')$', spark_type) -%}

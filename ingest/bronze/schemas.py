@@ -109,6 +109,8 @@ VERIFICATION_RUNS = pa.schema(
     ]
 )
 
+COMPOSITE_FIELD_STRUCT = pa.struct([("name", pa.string()), ("type_name", pa.string())])
+
 COLUMN_STRUCT = pa.struct(
     [
         ("name", pa.string()),
@@ -119,6 +121,9 @@ COLUMN_STRUCT = pa.struct(
         ("pk_position", pa.int32()),
         ("json_kind", pa.string()),
         ("attnum", pa.int32()),  # null in rows written before it was recorded (docs/bronze.md)
+        # A composite type's fields in order (of an array's element type): null for other types, and
+        # in rows written before they were recorded (docs/bronze.md).
+        ("fields", pa.list_(COMPOSITE_FIELD_STRUCT)),
     ]
 )
 

@@ -111,6 +111,7 @@ class BronzeState:
                             c["pk_position"],
                             c["json_kind"],
                             c.get("attnum"),  # absent in a table written before it was recorded
+                            _fields(c.get("fields")),  # absent or null likewise
                         )
                         for c in r["columns"]
                     ),
@@ -268,3 +269,8 @@ class BronzeState:
 def sql_str(s: str) -> str:
     """`s` as a SQL string literal (DataFusion: standard quoting, a quote doubled)."""
     return "'" + s.replace("'", "''") + "'"
+
+
+def _fields(rows: list[dict[str, str]] | None) -> tuple[tuple[str, str], ...] | None:
+    """A recorded column's composite fields as ColumnShape holds them (None: not a composite, or not recorded)."""
+    return None if rows is None else tuple((r["name"], r["type_name"]) for r in rows)

@@ -290,6 +290,7 @@ class BronzeWriter(BronzeState):
                         "pk_position": c.pk_position,
                         "json_kind": c.json_kind,
                         "attnum": c.attnum,
+                        "fields": None if c.fields is None else [{"name": n, "type_name": t} for n, t in c.fields],
                     }
                     for c in s.columns
                 ],

@@ -40,7 +40,8 @@ shape_columns as (
         shape_column.col.type_name,
         shape_column.col.json_kind,
         shape_column.col.is_key,
-        shape_column.col.pk_position
+        shape_column.col.pk_position,
+        shape_column.col.fields
     from latest_shapes
         lateral view posexplode(latest_shapes.columns) shape_column as position, col
 
@@ -50,7 +51,7 @@ final as (
 
     select
         *,
-        {{ spark_type_for_pg_type('type_name') }} as spark_type
+        {{ spark_type_for_pg_type('type_name', 'fields') }} as spark_type
     from shape_columns
 
 )

@@ -142,7 +142,8 @@ def relations() -> list[tuple]:
     # As ingest records them: format_type(oid, typmod) with the column's typmod (numeric(12,2) is
     # (12 << 16 | 2) + 4), json_kind per docs/bronze.md; test_pg_types holds orders to real bronze.
     def col(name: str, oid: int, type_name: str, json_kind: str, pk: int | None = None, typmod: int = -1) -> tuple:
-        return (name, oid, type_name, typmod, pk is not None, pk, json_kind, None)  # no attnum, as older bronze
+        # no attnum and no fields, as older bronze
+        return (name, oid, type_name, typmod, pk is not None, pk, json_kind, None, None)
 
     customers = [
         col("id", 20, "bigint", "int", 1),

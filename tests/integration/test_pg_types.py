@@ -26,6 +26,8 @@ TYPES_SQL = """
 create type mood as enum ('sad', 'ok', 'happy');
 create domain posint as integer check (value > 0);
 create domain amount as numeric(12, 2);
+create type pair as (n int, label text, at timestamptz, ok bool, amt numeric(6, 2), r int4range, inner_tags text[]);
+create type wrap as (p pair, note text);
 create table typed (
     id bigint primary key,
     c_int2 int2, c_int4 int4, c_int8 int8,
@@ -38,7 +40,7 @@ create table typed (
     c_enum mood, c_domain posint, c_amount amount, c_amount_array amount[],
     c_ts_array timestamptz[], c_numeric_array numeric(6, 2)[], c_bool_array bool[], c_uuid_array uuid[],
     c_jsonb_array jsonb[], c_int4range int4range, c_tstzrange tstzrange, c_daterange daterange, c_numrange numrange,
-    c_range_array int4range[]
+    c_range_array int4range[], c_pair pair, c_pair_array pair[], c_wrap wrap
 )
 """
 
@@ -51,17 +53,22 @@ ROWS = [
        '{{1,2},{3,4}}', 'happy', 7, 1.5, '{2.25}', '{"2024-01-02 03:04:05+02",infinity,NULL}', '{1.5,NaN,NULL}',
        '{t,f,NULL}', '{a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11}', array['{"k": [1]}'::jsonb, 'null', NULL],
        '[1,10)', '[2024-01-01 00:00+00,2024-02-01 00:00+00)', '[2024-01-01,infinity)', '(1.5,2.25]',
-       '{"[1,3)",empty,NULL}')""",
-    # id 2: special values
+       '{"[1,3)",empty,NULL}',
+       row(1, E'a "b", (c) \\\\ d', '2024-01-02 03:04:05+02', true, 1.5, '[1,10)', '{x,"y z"}'),
+       array[row(2, '', null, false, null, 'empty', null)::pair, null],
+       row(row(3, 'q', null, null, null, null, null)::pair, E'n,1\ttab'))""",
+    # id 2: special values; a composite whose fields are all NULL, an empty array of composites
     """insert into typed (id, c_numeric_free, c_float4, c_float8, c_timestamp, c_timestamptz, c_date, c_json, c_jsonb,
-       c_int_array, c_int4range, c_tstzrange)
+       c_int_array, c_int4range, c_tstzrange, c_pair, c_pair_array)
        values (2, 'NaN', 'NaN', '-Infinity', 'infinity', '-infinity', 'infinity', 'null', 'null', '{}', 'empty',
-       '(,2024-01-01 00:00+00]')""",
+       '(,2024-01-01 00:00+00]', row(null, null, null, null, null, null, null), '{}')""",
     # id 3: all NULL
     "insert into typed (id) values (3)",
     # id 4: float infinity and extremes; array elements with braces, a backslash, empty and spaced; an unbounded range
-    """insert into typed (id, c_float8, c_int8, c_int2, c_text_array, c_int4range)
-       values (4, 'Infinity', -9223372036854775808, -32768, '{"{x}","\\\\z",""," sp "}', '[5,)')""",
+    # a composite's text 'NULL' (not NULL), infinity and NaN fields, an unbounded range field, an empty array field
+    """insert into typed (id, c_float8, c_int8, c_int2, c_text_array, c_int4range, c_pair)
+       values (4, 'Infinity', -9223372036854775808, -32768, '{"{x}","\\\\z",""," sp "}', '[5,)',
+       row(-5, 'NULL', 'infinity', false, 'NaN', '(,5]', '{}'))""",
 ]
 
 EXPECTED = {
@@ -98,6 +105,10 @@ EXPECTED = {
         "c_int4range": "[1,10)",
         "c_tstzrange": '["2024-01-01 00:00:00+00","2024-02-01 00:00:00+00")',
         "c_range_array": ["[1,3)", "empty", None],
+        # composites: Postgres' text (record_out), as bronze writes any type it does not map
+        "c_pair": '(1,"a ""b"", (c) \\\\ d","2024-01-02 01:04:05+00",t,1.50,"[1,10)","{x,""y z""}")',
+        "c_pair_array": ['(2,"",,f,,empty,)', None],
+        "c_wrap": '("(3,q,,,,,)","n,1\ttab")',
     },
     2: {
         "c_numeric_free": "NaN",
@@ -111,6 +122,8 @@ EXPECTED = {
         "c_int_array": [],
         "c_int4range": "empty",
         "c_tstzrange": '(,"2024-01-01 00:00:00+00"]',
+        "c_pair": "(,,,,,,)",
+        "c_pair_array": [],
     },
     4: {
         "c_float8": "Infinity",
@@ -118,6 +131,7 @@ EXPECTED = {
         "c_int2": -32768,
         "c_text_array": ["{x}", "\\z", "", " sp "],
         "c_int4range": "[5,)",
+        "c_pair": '(-5,NULL,infinity,f,NaN,"(,6)",{})',
     },
 }
 
@@ -161,7 +175,19 @@ TYPE_NAMES = {
     "c_daterange": "daterange",
     "c_numrange": "numrange",
     "c_range_array": "int4range[]",
+    "c_pair": "pair",
+    "c_pair_array": "pair[]",
+    "c_wrap": "wrap",
 }
+PAIR_FIELDS = [
+    ("n", "integer"),
+    ("label", "text"),
+    ("at", "timestamp with time zone"),
+    ("ok", "boolean"),
+    ("amt", "numeric(6,2)"),
+    ("r", "int4range"),
+    ("inner_tags", "text[]"),
+]
 
 
 def test_type_matrix_round_trips(warehouse: Any, make_source: Any) -> None:
@@ -194,6 +220,20 @@ def test_source_relations_record_types_and_key(warehouse: Any, make_source: Any)
     # the real type with its modifier, a domain's base type (W8: was format_type(oid, NULL), so 'numeric')
     assert {name: c.type_name.removeprefix(f"{s.schema}.") for name, c in cols.items()} == TYPE_NAMES
     assert cols["c_numeric"].type_modifier == (12 << 16 | 3) + 4
+    # a composite's fields in order (an array's: its element's), one level: wrap's field p is named, not opened
+    fields = {
+        name: c.fields and [(f.name, f.type_name.removeprefix(f"{s.schema}.")) for f in c.fields]
+        for name, c in cols.items()
+    }
+    assert fields["c_pair"] == fields["c_pair_array"] == PAIR_FIELDS
+    assert fields["c_wrap"] == [("p", "pair"), ("note", "text")]
+    assert all(f is None for name, f in fields.items() if name not in {"c_pair", "c_pair_array", "c_wrap"})
+    # read back, the fields are the catalog's: the first start records the table's membership alone (a row of the
+    # same shape), the second nothing (a shape read back without its fields would be recorded again at each start)
+    for _ in range(2):
+        capture_once(warehouse, s.config(snapshot={"initial": False}), snapshots=True)
+    rows = read(warehouse / "bronze" / "source_relations", f"source = '{s.name}'")
+    assert [r.shape_hash for r in rows] == [rel[0].shape_hash] * 2
 
 
 @pytest.mark.usefixtures("engine")
@@ -227,6 +267,13 @@ def _bounds(lower: Any, upper: Any, lower_inc: bool, upper_inc: bool, empty: boo
 
 
 EMPTY = _bounds(None, None, False, False, True)
+PAIR = "struct<n:int,label:string,at:timestamp,ok:boolean,amt:decimal(6,2),r:" + _range("int") + ",inner_tags:string>"
+
+
+def _pair(n: Any, label: Any, at: Any, ok: Any, amt: Any, r: Any, inner_tags: Any) -> dict[str, Any]:
+    return {"n": n, "label": label, "at": at, "ok": ok, "amt": amt, "r": r, "inner_tags": inner_tags}
+
+
 # Gold (typed_current_state via the generated models) of each row of ROWS, per column: the Spark type and
 # each row's value as Spark prints it (cast to string; arrays and structs as the JSON Spark writes, decoded,
 # numbers with a fraction as their text); rows not listed are null. docs/dbt.md "Gold types".
@@ -274,6 +321,21 @@ GOLD: dict[str, tuple[str, dict[int, Any]]] = {
     "c_daterange": ("struct", {1: _bounds("2024-01-01", None, True, False)}),  # infinity: null, as unbounded
     "c_numrange": ("struct", {1: _bounds("1.5", "2.25", False, True)}),  # unbounded numeric: exact text
     "c_range_array": ("array", {1: [_bounds(1, 3, True, False), EMPTY, None]}),
+    # A composite is a struct of its fields, each cast as a column of its type: quotes, commas, parentheses and a
+    # backslash unescaped; an empty field is NULL, "" the empty string, NULL the text; infinity and NaN null as for
+    # a column. A field that is an array or a composite is its Postgres text.
+    "c_pair": (
+        "struct",
+        {
+            1: _pair(
+                1, 'a "b", (c) \\ d', "2024-01-02T01:04:05.000Z", True, "1.50", _bounds(1, 10, True, False), '{x,"y z"}'
+            ),
+            2: _pair(None, None, None, None, None, None, None),
+            4: _pair(-5, "NULL", None, False, None, _bounds(None, 6, False, False), "{}"),
+        },
+    ),
+    "c_pair_array": ("array", {1: [_pair(2, "", None, False, None, EMPTY, None), None], 2: []}),
+    "c_wrap": ("struct", {1: {"p": "(3,q,,,,,)", "note": "n,1\ttab"}}),
 }
 # Range columns' full Spark types (GOLD abbreviates them).
 GOLD_TYPES = {
@@ -282,6 +344,9 @@ GOLD_TYPES = {
     "c_daterange": _range("date"),
     "c_numrange": _range("string"),
     "c_range_array": f"array<{_range('int')}>",
+    "c_pair": PAIR,
+    "c_pair_array": f"array<{PAIR}>",
+    "c_wrap": "struct<p:string,note:string>",
 }
 # Column names that broke or injected into gold SQL before S1 was fixed, and two that differ by case only.
 ODD_SQL = '''
@@ -384,7 +449,7 @@ def test_gold_is_typed_and_quoted_for_every_column(
     assert cli.main(["-c", str(config), "gold", "generate", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     typed, odd = f"{s.name}__{s.schema}__typed", model_name(s.name, s.schema, 'Odd "table"')
-    assert f"{typed}: new model, 38 columns" in printed and f"{odd}: new model, 10 columns" in printed, printed
+    assert f"{typed}: new model, 41 columns" in printed and f"{odd}: new model, 10 columns" in printed, printed
     typed_yml = yaml.safe_load((out / f"{typed}.yml").read_text())["models"][0]
     assert typed_yml["description"] == "Every type of the matrix ({ oops }}"  # the source's comment, made inert
     docs = {c["name"]: c for c in typed_yml["columns"]}
@@ -394,6 +459,11 @@ def test_gold_is_typed_and_quoted_for_every_column(
     assert docs["c_int_array"]["data_type"] == "array<int>"
     assert "(integer[] as array<int>; a multi-dimensional value is null here" in docs["c_int_array"]["description"]
     assert docs["c_int4range"]["data_type"] == GOLD_TYPES["c_int4range"]
+    assert docs["c_pair"]["data_type"] == GOLD_TYPES["c_pair"]
+    assert (
+        "a composite: a field that is itself a composite or an array is its Postgres text"
+        in docs["c_wrap"]["description"]
+    )
     dbt(warehouse, "build", "--select", "path:models/gold/generated", project=project)  # with the yml's tests
 
     types = {c: GOLD_TYPES.get(c, t) for c, (t, _) in GOLD.items()}
@@ -413,18 +483,23 @@ def test_gold_is_typed_and_quoted_for_every_column(
 
 def test_a_shape_recorded_before_w8_is_recorded_again_with_its_modifier(warehouse: Path, make_source: Any) -> None:
     """Bronze written before the W8 fix says `numeric`: the next start records the table's shape again
-    as the catalog names it (table_columns, latest by first_seen_lsn, then types it decimal(12,3))."""
+    as the catalog names it (table_columns, latest by first_seen_lsn, then types it decimal(12,3)); so
+    for bronze written before composites' fields were recorded."""
     s = make_source(TYPES_SQL, ["typed"])
     prepare(s.config())
     s.execute(ROWS[2])
     capture_once(warehouse, s.config())
     path = str(warehouse / "bronze" / "source_relations")
     rows = DeltaTable(path).to_pyarrow_table().to_pylist()
-    for r in rows:  # what ingest wrote before the fix: format_type(oid, NULL)
-        r["columns"] = [{**c, "type_name": "numeric"} if c["name"] == "c_numeric" else c for c in r["columns"]]
+    for r in rows:  # what ingest wrote before the fix: format_type(oid, NULL); no fields
+        r["columns"] = [
+            {**c, "fields": None, **({"type_name": "numeric"} if c["name"] == "c_numeric" else {})}
+            for c in r["columns"]
+        ]
     write_deltalake(path, pa.Table.from_pylist(rows, SOURCE_RELATIONS), mode="overwrite", partition_by=["source"])
     capture_once(warehouse, s.config(snapshot={"initial": False}), snapshots=True)  # a start, as `run` does it
     rel = sorted(
         read(warehouse / "bronze" / "source_relations", f"source = '{s.name}'"), key=lambda r: r.first_seen_lsn
     )
     assert [{c.name: c.type_name for c in r.columns}["c_numeric"] for r in rel] == ["numeric", "numeric(12,3)"]
+    assert [len({c.name: c.fields for c in r.columns}["c_pair"] or []) for r in rel] == [0, len(PAIR_FIELDS)]

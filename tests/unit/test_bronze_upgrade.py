@@ -19,10 +19,10 @@ from ingest.events import SnapshotPage, SnapshotRow, TableSnapshot
 
 
 def _without_attnum(schema: pa.Schema) -> pa.Schema:
-    """source_relations as ingest wrote it before it recorded each column's attnum."""
+    """source_relations as ingest wrote it before it recorded each column's attnum (and a composite's fields)."""
     columns = schema.field("columns")
     element = columns.type.value_type
-    old_element = pa.struct([f for f in element if f.name != "attnum"])
+    old_element = pa.struct([f for f in element if f.name not in {"attnum", "fields"}])
     return schema.set(schema.get_field_index("columns"), pa.field("columns", pa.list_(old_element)))
 
 
@@ -32,6 +32,7 @@ def test_ensure_tables_adds_the_contract_columns_an_older_table_lacks(tmp_path: 
     old_row = {name: None for name in old_schema.names} | {"source": "s", "table_name": "t", "columns": []}
     write_deltalake(str(uri), pa.Table.from_pylist([old_row], old_schema), partition_by=["source"])
     assert "attnum" not in str(pa.schema(DeltaTable(str(uri)).schema().to_arrow()))
+    assert "fields" not in str(pa.schema(DeltaTable(str(uri)).schema().to_arrow()))
 
     BronzeWriter(tmp_path).ensure_tables()
 

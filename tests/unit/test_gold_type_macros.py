@@ -1,4 +1,4 @@
-"""The Postgres gold type macros: arrays and ranges render as Spark SQL, their parsing patterns split values right.
+"""The Postgres gold type macros: arrays, ranges and composites render as Spark SQL, their patterns split values right.
 
 Rendered with Jinja alone (the macros need nothing of dbt but a compiler error and `re`), parsed as
 Spark SQL by sqlfluff; the regular expressions the SQL hands to Spark are applied here with Python's
@@ -119,7 +119,11 @@ def test_array_elements_are_cast_as_scalars_are() -> None:
         "array<array<int>>",
         "array<int) as x, (select secret from t>",
         "struct<lower:int,upper:bigint,lower_inc:boolean,upper_inc:boolean,empty:boolean>",
-        "struct<a:int>",
+        "struct<`a b`:int>",
+        "struct<a:array<int>>",
+        "struct<a:int,b:struct<c:int>>",
+        "struct<a:int) as x, (select secret from t>",
+        "struct<>",
         "variant",
         "map<string,int>",
     ],
@@ -137,3 +141,61 @@ def test_the_type_mapping_renders_as_one_expression() -> None:
     element = r"regexp_replace(type_name, '\\[\\]$', '')"  # the type name without its []
     assert "concat('array<', case" in sql and element in sql
     assert f"when {element} = 'int4range'\n                then '{RANGE_INT}'" in sql
+
+
+def composite_fields(pattern: str, text: str) -> list[str | None]:
+    """Postgres' composite text split as the composite's SQL splits it: `pattern` over `,` + the text inside the
+    parentheses, then an empty field NULL, a quoted one unquoted (`""` a quote, a doubled backslash one)."""
+    found = re.findall(pattern, "," + text[1:-1])
+    return [None if f == "" else f[1:-1].replace('""', '"').replace("\\\\", "\\") if f[:1] == '"' else f for f in found]
+
+
+@pytest.mark.parametrize(
+    ("text", "fields"),
+    [
+        ('(1,"a b",)', ["1", "a b", None]),
+        ("(,)", [None, None]),
+        ("()", [None]),  # a composite of one field, NULL
+        ('("",x)', ["", "x"]),  # the empty string is quoted, NULL is not
+        ("(NULL,5)", ["NULL", "5"]),  # the text NULL
+        (
+            '(1,"a ""b"", (c) \\\\ d","2024-01-02 01:04:05+00",t)',
+            ["1", 'a "b", (c) \\ d', "2024-01-02 01:04:05+00", "t"],
+        ),
+        ('("\\\\""","(,)","""")', ['\\"', "(,)", '"']),
+        ('("(3,q,,)","{x,""y z""}")', ["(3,q,,)", '{x,"y z"}']),  # a nested composite, an array: their text
+        ('("line\nbreak",2)', ["line\nbreak", "2"]),
+    ],
+)
+def test_composite_fields_are_split_from_postgres_text(text: str, fields: list[str | None]) -> None:
+    """record_out quotes a field with a comma, quote, parenthesis, backslash or space, or an empty one, doubling `"`
+    and `\\` in it; it writes nothing for NULL."""
+    sql = cast("struct<a:int,b:string>")
+    (pattern,) = re.findall(r"concat\(',', substr\(v, 2, length\(v\) - 2\)\),\s*'([^']*)'", sql)
+    assert composite_fields(spark_string(pattern), text) == fields
+    assert "replace(substr(cl_field, 2, length(cl_field) - 2), '\"\"', '\"'), '\\\\\\\\', '\\\\'" in sql
+
+
+def test_composite_fields_are_cast_as_columns_are() -> None:
+    """Each field by its place, cast as a column of its type; a NULL composite is null, not a struct of nulls."""
+    sql = cast(f"struct<n:int,at:timestamp,amt:decimal(6,2),r:{RANGE_INT},note:string>")
+    assert sql.index("when v is null then null") < sql.index("named_struct")
+    assert "'n', cast(get(cl_fields, 0) as int)" in sql
+    assert "when get(cl_fields, 1) in ('infinity', '-infinity') then null" in sql
+    assert "when get(cl_fields, 2) = 'NaN' then null else cast(get(cl_fields, 2) as decimal(6,2))" in sql
+    assert "when get(cl_fields, 3) = 'empty'" in sql
+    assert "'note', get(cl_fields, 4)" in sql
+    assert "cl_element -> case\n            when cl_element is null then null" in cast("array<struct<a:int>>")
+
+
+def test_a_composite_column_is_typed_from_its_fields() -> None:
+    """With the column's fields (array<struct<name, type_name>>) the mapping builds struct<...> from each field."""
+    sql = render("select {{ spark_type_for_pg_type('type_name', 'fields') }} as spark_type from t")
+    tree = sqlfluff.parse(sql, dialect="sparksql")
+    assert "unparsable" not in str(tree), tree
+    assert "when cl_field.type_name like '%[]' then 'string'" in sql  # an array field: its Postgres text
+    assert "when cl_field.type_name in ('smallint', 'integer', 'int2', 'int4') then 'int'" in sql
+    assert "then if(type_name like '%[]', concat('array<', concat(" in sql
+    names = patterns(sql, "rlike")
+    assert "^[A-Za-z_][A-Za-z0-9_]*$" in names
+    assert "fields" not in render("select {{ spark_type_for_pg_type('type_name') }} as spark_type from t")

@@ -619,6 +619,36 @@ class PostgresAdmin:
             )
             return {(int(str(r[0])), int(str(r[1]))): str(r[2]) for r in cur.fetchall()}
 
+    def composite_fields(self, type_oids: list[int]) -> dict[int, tuple[tuple[str, str], ...]]:
+        """Each composite type's fields, (name, type name as type_names gives it), in order (bronze.source_relations).
+
+        Keyed by the oid asked for: a composite, an array of one, a domain over either (and an array
+        of such a domain) are answered with the composite's fields; other types and a composite
+        without fields are left out. A field's type is named as a column's is (type_names: with
+        its modifier, a domain by its base type); a field that is itself a composite, or an array,
+        is named and no deeper (gold keeps its Postgres text).
+        """
+        with self.conn.cursor() as cur:
+            cur.execute(
+                "with recursive base(oid, type_oid) as ("
+                " select k.oid, k.oid from unnest(%s::oid[]) k(oid)"
+                " union all"
+                " select base.oid, case when t.typtype = 'd' then t.typbasetype else t.typelem end from base"
+                " join pg_type t on t.oid = base.type_oid"
+                " where t.typtype = 'd' or (t.typcategory = 'A' and t.typelem <> 0))"
+                " select base.oid::bigint, a.attname::text, a.atttypid::bigint, a.atttypmod from base"
+                " join pg_type t on t.oid = base.type_oid and t.typtype = 'c'"
+                " join pg_attribute a on a.attrelid = t.typrelid and a.attnum > 0 and not a.attisdropped"
+                " order by base.oid, a.attnum",
+                (type_oids,),
+            )
+            rows = [(int(str(r[0])), str(r[1]), int(str(r[2])), int(str(r[3]))) for r in cur.fetchall()]
+        names = self.type_names(sorted({(r[2], r[3]) for r in rows})) if rows else {}
+        out: dict[int, list[tuple[str, str]]] = {}
+        for oid, name, field_oid, field_mod in rows:
+            out.setdefault(oid, []).append((name, names.get((field_oid, field_mod), str(field_oid))))
+        return {oid: tuple(fields) for oid, fields in out.items()}
+
     def type_catalog_rows(self, query: str) -> list[tuple[object, ...]]:
         """Rows of `query` (the value mapper's pg_type query)."""
         with self.conn.cursor() as cur:

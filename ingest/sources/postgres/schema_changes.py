@@ -180,11 +180,14 @@ def _type(c: ColumnShape) -> tuple[int, int]:
 def with_attnums(admin: PostgresAdmin, shape: RelationShape) -> RelationShape:
     """`shape` with each column's pg_attribute.attnum, when the catalog still has exactly those columns.
 
+    And with each composite column's fields (`with_fields`), whatever the attnums.
+
     A shape is met in a Relation message, which carries no attnums, maybe well after the catalog
     changed again: the numbers are taken only when every column of the shape is in the catalog
     under its name and type, in the same order (pgoutput sends columns by attnum). Else the shape
     is returned as it is and compared by names (`_prior_columns`).
     """
+    shape = with_fields(admin, shape)
     with admin.conn.cursor() as cur:
         cur.execute(
             "select attname, attnum, atttypid::bigint, atttypmod from pg_attribute "
@@ -199,6 +202,30 @@ def with_attnums(admin: PostgresAdmin, shape: RelationShape) -> RelationShape:
             return shape
         numbers.append(got[0])
     return replace(shape, columns=tuple(replace(c, attnum=n) for c, n in zip(shape.columns, numbers, strict=True)))
+
+
+# Types below this oid are built in (Postgres' FirstNormalObjectId): none is a composite a column holds.
+FIRST_NORMAL_OID = 16384
+
+
+def with_fields(admin: PostgresAdmin, shape: RelationShape) -> RelationShape:
+    """`shape` with the fields of each column whose type is a composite (or an array of one) now.
+
+    The catalog's fields when the shape is met (PostgresAdmin.composite_fields), one level deep:
+    gold types a composite column as a struct of them (docs/dbt.md, "Gold types"). A type changed
+    since the change that sent the shape is not told apart (ALTER TYPE sends no Relation message);
+    Postgres prints a composite's values with its current fields. Built-in types are not asked
+    about: no query for a table without user-defined types.
+    """
+    oids = sorted(
+        {c.type_oid for c in shape.columns if c.type_oid >= FIRST_NORMAL_OID and c.json_kind != MASKED_JSON_KIND}
+    )
+    if not oids:
+        return shape
+    fields = admin.composite_fields(oids)
+    if not fields:
+        return shape
+    return replace(shape, columns=tuple(replace(c, fields=fields.get(c.type_oid)) for c in shape.columns))
 
 
 def _key(shape: RelationShape) -> list[str]:
