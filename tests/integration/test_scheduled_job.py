@@ -79,6 +79,48 @@ def test_a_round_with_nothing_new_for_silver_skips_dbt(tmp_path: Path, make_sour
     assert "dbt skipped" not in round_()
 
 
+def test_the_build_after_a_failed_one_checks_whole_tables(tmp_path: Path, make_source: Any) -> None:
+    """A failed build is followed by one whose data tests run whole (none passes as unchanged), once.
+
+    dbt itself tells what it got: `compile --inline` renders macro changelake_full_tests (no JVM).
+    """
+    s = make_source("create table t (id int primary key, v int)", ["t"])
+    prepare(s.config())
+    cfg, wh = tmp_path / "ingest.yml", tmp_path / "wh"
+    source = {"kind": "postgres", "name": s.name, "dsn": s.dsn, "tables": s.tables}
+    cfg.write_text(yaml.safe_dump({"warehouse": str(wh), "sources": [source]}))
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "CHANGELAKE_CONFIG": str(cfg),
+        "CHANGELAKE_WAREHOUSE": str(wh),
+        "DBT_PROFILES_DIR": str(ROOT),
+        "DBT_TARGET_PATH": str(tmp_path / "dbt-target"),
+        "DBT_LOG_PATH": str(tmp_path / "dbt-logs"),
+    }
+    full_tests = "compile --no-populate-cache --inline select_{{changelake_full_tests()}}"
+
+    def round_(dbt_args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", str(ROOT / "ops/scheduled_job.sh")],
+            env={**env, "CHANGELAKE_DBT_ARGS": dbt_args},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    s.execute("insert into t values (1, 1)")
+    failed = round_("run-operation changelake_no_such_macro")
+    assert failed.returncode != 0, failed.stdout + failed.stderr
+    after = round_(full_tests)
+    assert after.returncode == 0, after.stdout + after.stderr
+    assert "the last dbt build failed; this one runs every data test on whole tables" in after.stderr
+    assert "select_True" in after.stdout, after.stdout
+    s.execute("update t set v = 2 where id = 1")
+    next_ = round_(full_tests)
+    assert next_.returncode == 0, next_.stdout + next_.stderr
+    assert "select_False" in next_.stdout and "last dbt build failed" not in next_.stderr, next_.stdout
+
+
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
 def test_the_systemd_units_verify(tmp_path: Path) -> None:
     """`systemd-analyze verify` on the units, their /opt/changelake paths pointed at this checkout."""
