@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from operator import itemgetter
 from pathlib import Path
 from typing import Any
@@ -353,7 +353,11 @@ class BronzeWriter(BronzeState):
             return
         table = SNAPSHOT_CONTROL_TABLE
         self.tables.create(self.path(table), table.schema, table.partition_by, dict(table.properties))
-        now = _now()
+        # A snapshot's latest record decides (snapshot_pauses orders by issued_at), so a command
+        # issued after another is stamped after it even when this host's clock is behind the
+        # other's, or in the same microsecond: after every record the table holds.
+        (last,) = self._query("select max(issued_at) as last from t", t=table).column("last").to_pylist()
+        now = _now() if last is None else max(_now(), last + timedelta(microseconds=1))
         rows = [
             {"source": source, "snapshot_id": sid, "table_name": name, "paused": paused, "issued_at": now}
             for sid, name, paused in commands
