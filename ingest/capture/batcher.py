@@ -78,6 +78,12 @@ class Resume:
             return max(0, min(n, last[1] + 1 - first_index))
         return 0
 
+    @property
+    def highest_commit_lsn(self) -> int:
+        """The highest commit position an event durable already can have: no event above it is."""
+        last = self.last_in_bronze
+        return self.durable_lsn if last is None else max(self.durable_lsn, last[0])
+
     def already_in_bronze(self, event: ChangeEvent) -> bool:
         """Whether a re-delivered event is durable already."""
         return event.commit_lsn <= self.durable_lsn or (
@@ -108,6 +114,8 @@ class TransactionBatcher:
         """Batch for `sink` with `batch`'s limits; `first_batch_events` caps the first batch (a quick start)."""
         self.sink = sink
         self.resume = resume
+        # Events above this commit position are not in bronze: `add` asks `resume` about the others only.
+        self._resume_upto = resume.highest_commit_lsn
         self.max_seconds = batch.max_seconds
         self._max_events = batch.max_events
         self.max_events = min(batch.max_events, first_batch_events or batch.max_events)
@@ -116,7 +124,7 @@ class TransactionBatcher:
         self.pending_rows: list[RowSlice] = []  # decoded rows of streamed transactions (add_rows)
         self.pending_count = 0  # events and rows pending
         self.pending_bytes = 0  # event_bytes() summed over what is pending
-        self._last: tuple[int, int] | None = None  # the last pending position
+        self._rows_last = False  # whether the last pending item is a slice of rows (else an event, if any)
         self.shapes: list[RelationShape] = []
         self.skipped = 0
         self._end_lsns: dict[int, int] = {}  # commit position -> end position, for completed transactions
@@ -131,28 +139,43 @@ class TransactionBatcher:
 
     def add(self, event: ChangeEvent, now: float) -> None:
         """Take the next event of the open transaction (skipped if a restart re-delivered it)."""
-        if self.resume.already_in_bronze(event):
+        if event.commit_lsn <= self._resume_upto and self.resume.already_in_bronze(event):
             self.skipped += 1
             return
-        size = event_bytes(event)
-        if self.pending_count and (self.pending_count >= self.max_events or self.pending_bytes + size > self.max_bytes):
+        # event_bytes(event), inlined (this runs once per change: a call and three len() cost more
+        # than the rest of it), and len() only of the texts the event has.
+        record, old_record, content = event.record, event.old_record, event.message_content
+        size = (
+            (len(record) if record else 0) + (len(old_record) if old_record else 0) + (len(content) if content else 0)
+        )
+        count = self.pending_count
+        if count and (count >= self.max_events or self.pending_bytes + size > self.max_bytes):
             # A transaction larger than a batch goes to bronze in pages. The page is cut when the
             # transaction goes on past a full batch, not when the batch fills: a batch that fills
             # with a transaction's last event ends with that transaction and makes it durable. By
             # bytes the cut comes before the event that would overflow the batch (one event larger
             # than the budget goes alone); that cut may fall between two transactions.
             self._cut()
-        if not self.pending_count:
+            count = 0
+        if not count:
             self._started = now
         self.pending.append(event)
-        self.pending_count += 1
+        self.pending_count = count + 1
         self.pending_bytes += size
-        self._last = event.position
+        if self._rows_last:
+            self._rows_last = False
+
+    def _last_position(self) -> tuple[int, int] | None:
+        """The position of the last pending event or row (None when nothing is pending)."""
+        if self._rows_last:
+            return self.pending_rows[-1].last_position
+        return self.pending[-1].position if self.pending else None
 
     def _cut(self) -> None:
         """Submit a page: what is pending, inside its last transaction unless that one has ended."""
-        assert self._last is not None
-        self.submit(mid_transaction=self._last[0] not in self._end_lsns)
+        last = self._last_position()
+        assert last is not None
+        self.submit(mid_transaction=last[0] not in self._end_lsns)
 
     def add_rows(self, rows: PendingRows, commit_lsn: int, xid: int, commit_ts_us: int, now: float) -> None:
         """Take a committed transaction's decoded rows, at `commit_lsn` from index 0, paged as `add` pages.
@@ -189,7 +212,7 @@ class TransactionBatcher:
                 self.pending_rows.append(piece)
                 self.pending_count += k
                 self.pending_bytes += int(sizes[taken + k - 1] - base)
-                self._last = piece.last_position
+                self._rows_last = True
                 start += k
                 taken += k
 
@@ -226,7 +249,7 @@ class TransactionBatcher:
             end_lsns=self._end_lsns,
             size_bytes=self.pending_bytes,
             rows=list(self.pending_rows),
-            last_position=self._last if self.pending_rows else None,
+            last_position=self._last_position() if self.pending_rows else None,
         )
         if self._completed is not None:  # every event at or below it is in this batch or an earlier one
             batch.durable_lsn, batch.ack_lsn = self._completed.durable_lsn, self._completed.ack_lsn
@@ -235,7 +258,7 @@ class TransactionBatcher:
         self.pending.clear()
         self.pending_rows.clear()
         self.pending_count = self.pending_bytes = 0
-        self._last = None
+        self._rows_last = False
         self.shapes = []
         self._end_lsns = {}
         self.sink.submit(batch)

@@ -555,6 +555,7 @@ class PostgresCapture:
             builder.new_shapes.clear()
 
         burst = 0  # XLogData messages handled since the last bookkeeping
+        read_timeout = READ_TIMEOUT_S  # set with the bookkeeping (burst == 0), before the first read
         now = time.monotonic()
         next_shape_check = now + SHAPE_CHECK_INTERVAL_S
         watch = ScopeWatch(admin) if self.src.selection.has_patterns and not once else None
@@ -576,8 +577,10 @@ class PostgresCapture:
                 if drain_token and not drain_emitted and (snapshots is None or snapshots.done):
                     admin.emit_message(DRAIN_PREFIX, drain_token)
                     drain_emitted = True
-            drain_pending = drain_token is not None and not drain_emitted
-            msg = stream.read(DRAIN_PENDING_READ_TIMEOUT_S if drain_pending else READ_TIMEOUT_S)
+                # Decided here, where the marker is emitted, rather than for every message.
+                drain_pending = drain_token is not None and not drain_emitted
+                read_timeout = DRAIN_PENDING_READ_TIMEOUT_S if drain_pending else READ_TIMEOUT_S
+            msg = stream.read(read_timeout)
             if isinstance(msg, XLogData):
                 last_activity = last_heard = now
                 wal_end = max(wal_end, msg.wal_end)

@@ -354,9 +354,14 @@ class ChangeBuilder:
                 return None
             if rel is not None and rel.native is not None:
                 try:
-                    code, record, pk, old_record, old_pk, toast = rel.native.change(payload)
+                    # Unguarded (one Python frame less per row); a panic is a refusal here (native_guard.py).
+                    code, record, pk, old_record, old_pk, toast = rel.native.unguarded_change(payload)
                 except ValueError:
                     pass  # the Python decoder takes it, and raises the error a user should see
+                except BaseException as e:
+                    if not isinstance(rel.native.refusal(e), ValueError):
+                        raise  # not a panic (KeyboardInterrupt, MemoryError ...): as it was
+                    # a panic: warned once for the relation, and the Python decoder takes the message
                 else:
                     ev = ChangeEvent(
                         self._commit_lsn,

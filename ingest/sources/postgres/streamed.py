@@ -182,12 +182,10 @@ class StreamedTransactions:
         self._inflight = inflight
         self._open: dict[int, _Open] = {}
         self._block: _Open | None = None
+        # Whether a Stream Start was met and its Stream Stop not yet (`_block is not None`), kept as a
+        # plain attribute: the stream reads it for every message it receives.
+        self.in_block = False
         self._held_bytes = 0
-
-    @property
-    def in_block(self) -> bool:
-        """Whether a Stream Start was met and its Stream Stop not yet."""
-        return self._block is not None
 
     def takes(self, payload: bytes) -> bool:
         """Whether `payload` is this class's to take: a stream control message, or any inside a block."""
@@ -214,7 +212,7 @@ class StreamedTransactions:
         if self._block is not None:
             if kind == MSG_STREAM_STOP[0]:
                 decode(payload)
-                self._block = None
+                self._block, self.in_block = None, False
             elif kind == MSG_ORIGIN[0]:
                 pass  # protocol 1 sends it after Begin and bronze keeps none: nothing to hold
             else:
@@ -244,7 +242,7 @@ class StreamedTransactions:
                     )
                 inflight = self._inflight(msg.xid) if self._inflight is not None else None
                 txn = self._open[msg.xid] = _Open(wal_start, inflight=inflight)
-            self._block = txn
+            self._block, self.in_block = txn, True
             return None
         if isinstance(msg, StreamAbort):
             txn = self._open.get(msg.xid)
@@ -283,7 +281,7 @@ class StreamedTransactions:
         for txn in self._open.values():
             txn.close()
         self._open.clear()
-        self._block = None
+        self._block, self.in_block = None, False
         self._held_bytes = 0
 
 

@@ -140,6 +140,26 @@ def test_re_delivered_events_are_skipped_by_durable_position_and_by_last_event_i
     assert b.skipped == 3
 
 
+@given(
+    durable=st.integers(0, 6),
+    last=st.none() | st.tuples(st.integers(0, 6), st.integers(0, 3)),
+    positions=st.lists(st.tuples(st.integers(0, 8), st.integers(0, 3)), max_size=20),
+)
+def test_add_skips_exactly_what_resume_says_is_in_bronze(
+    durable: int, last: tuple[int, int] | None, positions: list[tuple[int, int]]
+) -> None:
+    # `add` asks `resume` only about events at or below its highest commit position (a fast path).
+    resume = Resume(durable, last)
+    sink = Sink()
+    b = batcher(sink, resume=resume)
+    for lsn, index in positions:
+        b.add(ev(lsn, index), now=0)
+    b.submit()
+    kept = [e.position for x in sink.batches for e in x.events]
+    assert kept == [p for p in positions if not resume.already_in_bronze(ev(*p))]
+    assert b.skipped == len(positions) - len(kept)
+
+
 def test_an_observed_boundary_is_exclusive() -> None:
     """D1: a boundary the stream passed (keepalive sentPtr) is durable up to, not including, itself.
 

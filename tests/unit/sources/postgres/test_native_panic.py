@@ -81,3 +81,17 @@ def test_the_guard_passes_results_and_refusals_through() -> None:
     assert enc.copy_rows_of(b"1\thi\n") == [('{"id":1}', '{"id":1,"note":"hi"}')]
     with pytest.raises(ValueError):
         enc.copy_rows_of(b"1\n")  # a row one column short: handed back to Python
+
+
+class InterruptedEncoder(PanickingEncoder):
+    """The compiled RowEncoder's interface, interrupted (Ctrl-C) while it decodes a row."""
+
+    def change(self, _payload: bytes) -> Any:
+        raise KeyboardInterrupt
+
+
+def test_the_stream_decoder_lets_anything_but_a_panic_through(monkeypatch: pytest.MonkeyPatch) -> None:
+    # ChangeBuilder.feed_payload guards the unguarded per-row call itself: only a panic is a refusal.
+    monkeypatch.setattr(native, "_RowEncoder", InterruptedEncoder)
+    with pytest.raises(KeyboardInterrupt):
+        _events(use_native=True)
