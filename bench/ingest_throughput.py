@@ -53,6 +53,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
+# Where `python -m ingest` runs (its working directory puts that tree's `ingest` package first):
+# --ingest-tree, e.g. a worktree of an older commit for an A/B on the same venv; default this tree.
+INGEST_TREE = ROOT
 sys.path.insert(0, str(ROOT))
 
 from tests.helpers.scratch_pg import ScratchCluster  # noqa: E402  (no pytest: psycopg and scripts/pg.sh)
@@ -185,9 +188,12 @@ def run_ingest(cfg: Path, dsn: str, slot: str) -> tuple[float, PeakRss, str, flo
     """Run `run --once`; returns its wall time, peak RSS, log, and the wall-clock time it started."""
     started = time.time()
     t0 = time.monotonic()
+    # BENCH_INGEST_PREFIX: a command to run ingest under (a profiler: `py-spy record -o FILE --`); its
+    # figures then include the profiler's overhead, and RSS and CPU are the prefix process's.
+    prefix = shlex.split(os.environ.get("BENCH_INGEST_PREFIX", ""))
     proc = subprocess.Popen(
-        [PY, "-m", "ingest", "-c", str(cfg), "-v", "run", "--once"],
-        cwd=ROOT,
+        [*prefix, PY, "-m", "ingest", "-c", str(cfg), "-v", "run", "--once"],
+        cwd=INGEST_TREE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -384,6 +390,22 @@ def stream_part(
     )
 
 
+def lsn_of(conn: psycopg.Connection[Any], expr: str) -> int:
+    """The LSN `expr` gives, as a number."""
+    return int(conn.execute(f"select {expr} - '0/0'::pg_lsn").fetchone()[0])  # type: ignore[index]
+
+
+def log_running_xacts(conn: psycopg.Connection[Any]) -> None:
+    """Have the server WAL-log its running transactions now (a logical slot's restart point).
+
+    pg_log_standby_snapshot() from PostgreSQL 16, a CHECKPOINT (which logs them too) before.
+    """
+    if conn.info.server_version >= 160000:
+        conn.execute("select pg_log_standby_snapshot()")
+    else:
+        conn.execute("checkpoint")
+
+
 def single_part(
     conn: psycopg.Connection[Any],
     d: str,
@@ -392,16 +414,34 @@ def single_part(
     rows: int,
     out: Summary,
     first_id: int = 10_000_000,
+    restart_point: bool = True,
 ) -> None:
     """One transaction of `rows` inserts, then `run --once` of each (protocol, config, source name) in
-    `runs`, one after the other, each from its own slot; what the server did with it on each slot."""
+    `runs`, one after the other, each from its own slot; what the server did with it on each slot.
+
+    `restart_point`: make each run start from a slot whose restart_lsn is past the earlier
+    transactions. A protocol 2 slot keeps a restart_lsn at the start of the last transaction it
+    streamed: a running-transactions record logged while that transaction ran makes the restart
+    candidate, which applies only once ingest confirms past it, that is after the commit (ingest
+    confirms no further than an open streamed transaction's start), and the records after the
+    commit make no new candidate while that one waits. Its next run then decodes that
+    transaction again from there, before the slot's confirmed position, where the server may not
+    stream, so it spills it (the 134 MB of every second pair, BENCHMARKS.md) and the run waits for
+    it. So: after the transaction the server logs its running transactions, and before each run
+    the slot is advanced to its own confirmed position (pg_replication_slot_advance: the confirmed
+    position stays; the server reads the WAL from restart_lsn without decoding changes, and moves
+    restart_lsn to the last such record below it).
+    """
     before = {name: slot_stats(conn, f"changelake_{name}") for _, _, name in runs}
     t = time.monotonic()
+    txn_start = lsn_of(conn, "pg_current_wal_insert_lsn()")
     conn.execute(
         f"insert into {schema}.events select g, 1, 'one', 1, now() from generate_series(%s::bigint, %s::bigint) g",
         (first_id, first_id + rows - 1),
     )
     print(f"generated one transaction of {rows:,} inserts in {time.monotonic() - t:.0f} s")
+    if restart_point:
+        log_running_xacts(conn)
     if not out.lines or not out.lines[-1].startswith("single transaction"):
         out.lines.append(
             f"single transaction of {rows:,} inserts:\n"
@@ -411,6 +451,21 @@ def single_part(
         )
     for protocol, cfg, name in runs:
         ingest_slot = f"changelake_{name}"
+        if restart_point:
+            conn.execute(
+                "select pg_replication_slot_advance(slot_name, confirmed_flush_lsn) from pg_replication_slots "
+                "where slot_name = %s",
+                (ingest_slot,),
+            )
+        restart, confirmed = conn.execute(
+            "select restart_lsn - '0/0'::pg_lsn, confirmed_flush_lsn - '0/0'::pg_lsn from pg_replication_slots "
+            "where slot_name = %s",
+            (ingest_slot,),
+        ).fetchone() or (None, None)
+        print(
+            f"slot {ingest_slot} before its run: restart_lsn {(int(restart) - txn_start) / 1e6:+.1f} MB, "
+            f"confirmed_flush_lsn {(int(confirmed) - txn_start) / 1e6:+.1f} MB from the transaction's start"
+        )
         secs, peak, log, started = run_ingest(cfg, d, ingest_slot)
         stats = slot_stats_after(conn, ingest_slot, before[name])
         commits = commit_seconds(log, started)
@@ -499,7 +554,22 @@ def main() -> None:
         metavar="N",
         help="after the parts, N runs of `run --once` with nothing new: start-up alone (default 0: none)",
     )
+    ap.add_argument(
+        "--no-restart-point",
+        action="store_true",
+        help="leave the slots' restart_lsn where the runs left it (the bench before 2026-11-27: a protocol 2 slot's "
+        "next run decodes the previous streamed transaction again and spills it)",
+    )
+    ap.add_argument(
+        "--ingest-tree",
+        type=Path,
+        default=ROOT,
+        help="run `python -m ingest` from this tree (e.g. a git worktree of another commit; same venv, so the "
+        "installed native decoder: check the old code accepts it); default: this script's tree",
+    )
     args = ap.parse_args()
+    global INGEST_TREE
+    INGEST_TREE = args.ingest_tree.resolve()
     load = os.getloadavg()
     command = " ".join([".venv/bin/python", "bench/ingest_throughput.py", *map(shlex.quote, sys.argv[1:])])
     recv = shutil.which("pg_recvlogical") or str(next(Path("/usr/lib/postgresql").glob("*/bin/pg_recvlogical")))
@@ -546,7 +616,7 @@ def main() -> None:
                     )
                 )
                 subprocess.run(
-                    [PY, "-m", "ingest", "-c", str(path), "setup"], cwd=ROOT, check=True, capture_output=True
+                    [PY, "-m", "ingest", "-c", str(path), "setup"], cwd=INGEST_TREE, check=True, capture_output=True
                 )
                 return path
 
@@ -561,7 +631,16 @@ def main() -> None:
             if args.parts in ("both", "single") and args.single_txn_rows:
                 for i in range(args.single_runs):
                     order = single if i % 2 == 0 else single[::-1]
-                    single_part(conn, d, order, schema, args.single_txn_rows, out, 10_000_000 * (i + 1))
+                    single_part(
+                        conn,
+                        d,
+                        order,
+                        schema,
+                        args.single_txn_rows,
+                        out,
+                        10_000_000 * (i + 1),
+                        restart_point=not args.no_restart_point,
+                    )
             if args.startup_runs:
                 startup_part(d, cfg, name, args.startup_runs, out)
         finally:
@@ -585,6 +664,8 @@ def main() -> None:
     )
     print(f"server: PostgreSQL {out.version} ({out.origin}); baseline: {out.recvlogical} (proto_version=1)")
     print(f"ingest: pgoutput protocol {out.protocol}, batch.max_events {args.batch_events:,}")
+    if INGEST_TREE != ROOT:
+        print(f"ingest tree: {INGEST_TREE}")
     for block in out.lines:
         print(block)
 
