@@ -76,7 +76,8 @@ def _parser() -> argparse.ArgumentParser:
     sn.add_argument(
         "--where",
         metavar="PREDICATE",
-        help="a filtered snapshot: only the rows this SQL predicate selects (Postgres; checked before it is queued)",
+        help="a filtered snapshot: only the rows this SQL predicate selects, or for a MongoDB collection the "
+        'documents this query filter in Extended JSON selects (\'{"status": "open"}\'); checked before it is queued',
     )
     s = sub.add_parser("status", help="positions, safe bound, slot lag, WAL status and snapshot progress")
     s.add_argument("--source", help="only this source")

@@ -68,7 +68,7 @@ class SnapshotProgress:
     start: tuple[str, ...] | None = None  # a key range's lower bound (exclusive): a large table split
     relfilenode: int | None = None  # set: a keyless table paged by CTID, in this file of the table
     paused: bool = False  # `snapshot pause`: no page is read until `snapshot resume`
-    where: str | None = None  # a filtered snapshot: only rows this SQL predicate selects
+    where: str | None = None  # a filtered snapshot: only rows this predicate (MongoDB: Extended JSON filter) selects
     whole: bool = False
     table_snapshot: TableSnapshot | None = None  # set (with `whole`) once the bound is read
 

@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 
 from ingest.bronze.writer import BronzeWriter
 from ingest.config import BatchConfig, MongoSource
-from ingest.errors import ConfigError
 from ingest.progress import Progress
 from ingest.sources.mongodb.capture import MongoCapture
 from ingest.sources.mongodb.changes import unpack_cluster_time
+from ingest.sources.mongodb.filters import parse_filter
 from ingest.sources.mongodb.snapshot import request_snapshot
 from ingest.sources.mongodb.source import (
     cluster_time,
@@ -77,16 +77,15 @@ class MongoAdapter:
     def request_snapshot(self, writer: BronzeWriter, table: str, where: str | None = None) -> tuple[str, int]:
         """Register a snapshot writer for the collection at the safe bound; its id and start.
 
-        A filtered snapshot (`where`) is refused: a collection's snapshot reads it whole.
+        With `where` (a query filter as Extended JSON), a filtered snapshot of the documents it
+        selects, checked against the server before it is registered (snapshot.request_snapshot).
+        Text that is not one JSON object is refused before the server is reached.
         """
         if where is not None:
-            raise ConfigError(
-                f"source {self.src.name!r} is a MongoDB source: a filtered snapshot (--where) is for Postgres "
-                f"tables only; `snapshot {table}` reads the whole collection"
-            )
+            parse_filter(where)
         client = connect(self.src)
         try:
-            progress, start = request_snapshot(self.src, client, writer, table.partition(".")[2])
+            progress, start = request_snapshot(self.src, client, writer, table.partition(".")[2], where)
         finally:
             client.close()
         return progress.writer_id, start

@@ -117,8 +117,12 @@ class MongoCapture:
         self.writer.raise_position(pos, self.started_at)
 
     def _plan_snapshots(self, client: MongoClient[dict[str, Any]]) -> None:
-        """Queue resumed snapshots (their writer rows) and collections never snapshotted."""
-        running = {p.table for p in self._poll_requests()}
+        """Queue resumed snapshots (their writer rows) and collections never snapshotted.
+
+        A filtered snapshot reads only some documents: it is neither a completed snapshot nor one
+        that stands in for the collection's first.
+        """
+        running = {p.table for p in self._poll_requests() if p.where is None}
         done = self.writer.completed_snapshots(self.src.name)
         names = collections(client, self.src)
         if self.selection.has_patterns:

@@ -16,6 +16,12 @@ watermark, `atClusterTime` is the server's and does not move while the source is
   at the same cluster time on an idle source, still lies above it; pages at one cluster time
   become usable together, once a later page or the snapshot's end moves the row past them;
 - the row is removed when the last page is durable.
+
+A filtered snapshot (`snapshot --where`, filters.py) adds its query filter to every page's `find`
+beside the page's `_id` range; its id starts with `where-`, so it never counts as the
+collection's completed snapshot. A filter the server refuses on a later page (an `$expr` dividing
+by a field that became 0) drops the request, with an error in the log: retried, it would stop every
+run of the source.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from ingest.bronze.writer import BronzeWriter
 from ingest.config import MongoSource
 from ingest.errors import SourceError
 from ingest.events import SnapshotPage, SnapshotRow, SourceKind, WriterKind, WriterPosition
-from ingest.positions import SnapshotProgress, SourcePositions
+from ingest.positions import FILTERED_SNAPSHOT_PREFIX, SnapshotProgress, SourcePositions
 from ingest.sources.mongodb import compat
 from ingest.sources.mongodb.changes import (
     Namespace,
@@ -48,13 +54,22 @@ from ingest.sources.mongodb.changes import (
     record_key,
     unpack_cluster_time,
 )
+from ingest.sources.mongodb.filters import (
+    SNAPSHOT_READ_CONCERN,
+    filter_problem,
+    page_filter,
+    parse_filter,
+    server_message,
+)
 from ingest.sources.mongodb.source import cluster_time
 
 log = logging.getLogger(__name__)
 
-SNAPSHOT_READ_CONCERN = {"level": "snapshot"}
 TIE_WAIT_S = 60.0  # how long a page read at or below the writer row's position is retried
 TIE_POLL_S = 0.5
+# Server errors of a read that say nothing about its filter (a snapshot too old, a shutdown or step
+# down): a filtered snapshot failing with one of them fails the run and resumes, as any snapshot does.
+TRANSIENT_READ_CODES = frozenset({50, 91, 189, 239, 246, 11600, 11601, 11602})
 
 
 def comparison_bracket(value: Any) -> str:
@@ -68,6 +83,15 @@ def comparison_bracket(value: Any) -> str:
     if isinstance(value, bytes):  # bson.Binary is a bytes
         return "binary"
     return type(value).__name__
+
+
+class FilterFailedError(SourceError):
+    """A filtered snapshot's page read was refused by the server: its filter failed on a document."""
+
+
+def filter_failed(e: OperationFailure) -> bool:
+    """Whether a filtered read's failure is the filter's (not a transient refusal of any read)."""
+    return e.code not in TRANSIENT_READ_CODES and not e.has_error_label("TransientTransactionError")
 
 
 def page_rows_within(rows: Iterable[SnapshotRow], max_bytes: int) -> tuple[SnapshotRow, ...]:
@@ -107,20 +131,32 @@ class MongoSnapshotter:
         self.masks = src.masks()
         self.state = state or SnapshotProgress(self.ns.qualified, str(uuid.uuid4()))
         self.writer_id = self.state.writer_id
+        self.filter = parse_filter(self.state.where) if self.state.where is not None else None
         self.started_at = datetime.now(UTC)
         self.durable_lsn = 0
         self._warned_no_cluster_time = False
 
     def run(self, should_stop: Callable[[], bool]) -> bool:
-        """Read pages until the collection ends (True) or `should_stop()` (False, resumable)."""
+        """Read pages until the collection ends (True) or `should_stop()` (False, resumable).
+
+        False also when a filtered snapshot's filter failed on a page: the request is dropped.
+        """
         start = self._register()
         if start is None:  # the last page is durable already; only the writer row was left
             self.writer.remove_writer(self.src.name, self.writer_id)
             return True
         page_number, after = start
-        self._check_key_types()
+        try:
+            self._check_key_types()
+        except FilterFailedError as e:
+            self._drop(str(e))
+            return False
         while not should_stop():
-            page = self._read_page_above_position(page_number, after)
+            try:
+                page = self._read_page_above_position(page_number, after)
+            except FilterFailedError as e:
+                self._drop(str(e))
+                return False
             self.writer.append_page(self.src.name, SourceKind.MONGODB, self.writer_id, page)
             self.state = replace(self.state, pages=page_number + 1, rows=self.state.rows + len(page.rows))
             if page.last_page:
@@ -152,6 +188,18 @@ class MongoSnapshotter:
             return None
         return last.page_number + 1, from_ext_json(last.after_key[0])
 
+    def _drop(self, why: str) -> None:
+        """Remove a filtered snapshot whose filter the server refused: a `run` goes on without it."""
+        self.writer.remove_writer(self.src.name, self.writer_id)
+        log.error(
+            "source=%s: snapshot of %s where %s cannot be performed and is dropped (snapshot_id=%s): %s",
+            self.src.name,
+            self.ns.qualified,
+            self.state.where,
+            self.state.snapshot_id,
+            why,
+        )
+
     def _raise(self, lsn: int) -> None:
         self.durable_lsn = max(self.durable_lsn, lsn)
         pos = WriterPosition(
@@ -164,12 +212,17 @@ class MongoSnapshotter:
 
         Paging by `_id > last` compares within one bracket only (numbers together, strings, ObjectIds,
         ...), so such a collection would be read only in part. Index order groups brackets, so the
-        first and last `_id` tell.
+        first and last `_id` tell (of the documents a filtered snapshot's filter selects).
         """
         coll = self.client[self.ns.db][self.ns.coll or ""]
         types = []
         for direction in (1, -1):
-            doc = coll.find_one({}, projection={"_id": 1}, sort=[("_id", direction)])
+            try:
+                doc = coll.find_one(self.filter or {}, projection={"_id": 1}, sort=[("_id", direction)])
+            except OperationFailure as e:
+                if self.filter is None or not filter_failed(e):
+                    raise
+                raise FilterFailedError(f"the server refused its filter: {server_message(e)}") from e
             if doc is not None:
                 types.append(comparison_bracket(doc["_id"]))
         if len(set(types)) > 1:
@@ -198,7 +251,7 @@ class MongoSnapshotter:
     def _read_page(self, page_number: int, after: Any) -> SnapshotPage:
         db = self.client[self.ns.db]
         size = self.src.snapshot_page_size
-        query: dict[str, Any] = {"_id": {"$gt": after}} if after is not None else {}
+        query = page_filter(self.filter, after)
         read_at = time.time()
         try:
             reply = db.command(
@@ -211,6 +264,10 @@ class MongoSnapshotter:
                 readConcern=SNAPSHOT_READ_CONCERN,
             )
         except OperationFailure as e:
+            if self.filter is not None and filter_failed(e):
+                raise FilterFailedError(
+                    f"the server refused its filter on page {page_number}: {server_message(e)}"
+                ) from e
             raise SourceError(f"sources.{self.src.name}: snapshot read of {self.ns.qualified} failed: {e}") from e
         cursor = reply["cursor"]
         docs = cursor["firstBatch"]
@@ -258,17 +315,30 @@ class MongoSnapshotter:
 
 
 def request_snapshot(
-    src: MongoSource, client: MongoClient[dict[str, Any]], writer: BronzeWriter, collection: str
+    src: MongoSource,
+    client: MongoClient[dict[str, Any]],
+    writer: BronzeWriter,
+    collection: str,
+    where: str | None = None,
 ) -> tuple[SnapshotProgress, int]:
     """Register a snapshot writer for `collection` at the safe bound; returns it and its start position.
 
+    With `where` (a query filter as Extended JSON), a filtered snapshot: only the documents it
+    selects. ConfigError if it is not one JSON object, SourceError if the server refuses it as a
+    page's filter (`filter_problem`); nothing is registered then.
     A running `run` picks it up within seconds (its snapshot worker polls the writer rows), else the
     next run does.
     """
+    table = f"{src.database}.{collection}"
+    if where is not None:
+        problem = filter_problem(client, src.database, collection, parse_filter(where))
+        if problem is not None:
+            raise SourceError(f"cannot snapshot {table} where {where!r}: {problem}; nothing was queued")
     writer.ensure_tables()
     bound = SourcePositions.read(writer, src.name).safe_bound
     start = bound if bound is not None else pack_cluster_time(cluster_time(client))
-    progress = SnapshotProgress(f"{src.database}.{collection}", str(uuid.uuid4()))
+    prefix = FILTERED_SNAPSHOT_PREFIX if where is not None else ""
+    progress = SnapshotProgress(table, prefix + str(uuid.uuid4()), where=where)
     pos = WriterPosition(src.name, progress.writer_id, WriterKind.SNAPSHOT, start, start, progress.to_json())
     writer.raise_position(pos, datetime.now(UTC))
     return progress, start

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from ingest.config import MongoSource
-from ingest.errors import ConfigError
 from ingest.positions import SnapshotProgress
 from ingest.sources.postgres.filters import filter_sql, predicate_problem
 
@@ -61,14 +59,6 @@ def test_pause_and_filter_survive_the_writer_row() -> None:
         WriterPosition("src", "w", WriterKind.SNAPSHOT, 1, 1, '{"table":"s.t","snapshot_id":"x"}')
     )
     assert (plain.paused, plain.where) == (False, None)
-
-
-def test_a_mongodb_source_refuses_a_filtered_snapshot() -> None:
-    from ingest.sources.mongodb.adapter import MongoAdapter
-
-    src = MongoSource(kind="mongodb", name="m", uri="mongodb://127.0.0.1:1", database="d")
-    with pytest.raises(ConfigError, match="Postgres tables only"):
-        MongoAdapter(src).request_snapshot(None, "d.c", "x > 1")  # type: ignore[arg-type]
 
 
 def test_a_paused_snapshot_sets_its_table_gauge() -> None:
