@@ -19,11 +19,16 @@ Steps, each in a fresh process (JVM start included, as a scheduled job pays it):
      - `dbt build --exclude-resource-type unit_test` taking the batch (what ops/scheduled_job.sh
        runs), then the same build with nothing new, then the baseline job with nothing new.
 Prints each time and the ratios to the baseline (the issue's targets: build <= 1.5x, silver run
-<= 1.0x, the build with nothing new <= 0.5x the job with nothing new).
+<= 1.0x, the build with nothing new <= 0.5x the job with nothing new). Each measured dbt
+invocation's run_results.json (per-node timings) is kept in <workdir>/run_results/.
 
 Only one Spark/dbt process runs at a time; run it alone on a quiet machine. Usage:
   .venv/bin/python bench/silver_vs_merge_job.py [--history 1000000] [--batch 100000] [--tables 10]
-      [--touched-tables 2] [--rounds 3] [--workdir DIR] [--keep]
+      [--touched-tables 2] [--rounds 3] [--workdir DIR] [--keep] [--target local|engine]
+With --target engine the measured dbt commands run on the warm engine a schedule uses (make
+engine-up; ops/scheduled_job.sh finds it), started on the restored warehouse and warmed up before
+each, untimed: what a schedule with a long-lived engine pays per round. The job still starts its own
+JVM each time, as a scheduled spark-submit does.
 """
 
 from __future__ import annotations
@@ -205,6 +210,12 @@ def slowest_nodes(run_results: Path, n: int = 8) -> str:
     return ", ".join(f"{r['unique_id'].split('.')[2]} {r['execution_time']:.1f}s" for r in top)
 
 
+def keep_results(work: Path, name: str) -> None:
+    """Keep the last dbt invocation's run_results.json as <work>/run_results/<name>.json (per-node timings)."""
+    (work / "run_results").mkdir(exist_ok=True)
+    shutil.copy(work / "target" / "run_results.json", work / "run_results" / f"{name}.json")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--history", type=int, default=1_000_000)
@@ -214,6 +225,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workdir", type=Path)
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument(
+        "--target",
+        choices=("local", "engine"),
+        default="local",
+        help="where the measured dbt commands run: local (a Spark session in dbt's process, JVM start "
+        "included) or engine (the warm engine a schedule uses, scripts/cluster.sh with "
+        "CHANGELAKE_SPARK_LOCAL=1, started and warmed up before each measured command, not timed)",
+    )
     args = ap.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="changelake-vs-job-"))
     wh, saved = work / "warehouse", work / "warehouse-with-batch"
@@ -229,7 +248,35 @@ def main() -> None:
     step = [PY, str(ROOT / "bench" / "dbt_merge_scaling.py"), "_step"]
     job = [PY, __file__, "_job", str(wh)]
     project = ["--project-dir", str(ROOT)]
+    # The warm engine on ports of its own, its PIDs and logs under the work directory.
+    engine_env = dict(
+        env,
+        CHANGELAKE_SPARK_LOCAL="1",
+        CHANGELAKE_STATE=str(work / "engine-state"),
+        CHANGELAKE_THRIFT_PORT="10250",
+        CHANGELAKE_THRIFT_UI_PORT="4250",
+    )
+    if args.target == "engine":
+        env = dict(engine_env)
+        project = [*project, "--target", "engine"]
     build = [str(DBT), "--quiet", "build", "--exclude-resource-type", "unit_test", *project]
+    unmeasured_build = [
+        str(DBT),
+        "--quiet",
+        "build",
+        "--exclude-resource-type",
+        "unit_test",
+        "--project-dir",
+        str(ROOT),
+    ]
+
+    def engine(action: str) -> None:
+        """Start (with its warm-up round) or stop the warm engine on the current warehouse; not timed."""
+        if args.target == "engine":
+            subprocess.run(
+                ["bash", str(ROOT / "scripts" / "cluster.sh"), action], env=engine_env, check=True, capture_output=True
+            )
+
     touched = ",".join(str(t) for t in range(args.touched_tables))
     print(
         f"history {args.history:,} events, batch {args.batch:,} over {args.touched_tables} of {args.tables} tables",
@@ -237,7 +284,7 @@ def main() -> None:
     )
     secs, _ = timed([*step, "history", str(wh), str(args.history), str(args.tables)], env)
     print(f"  synthetic history: {secs:.0f}s")
-    secs, _ = timed(build, env)
+    secs, _ = timed(unmeasured_build, dict(env, DBT_TARGET="local"))
     print(f"  dbt build of the history: {secs:.0f}s")
     secs, _ = timed(job, env)
     print(f"  baseline job over the history: {secs:.0f}s")
@@ -249,15 +296,20 @@ def main() -> None:
         r: dict[str, float] = {}
 
         def restore() -> None:
+            engine("down")
             shutil.rmtree(wh)
             shutil.copytree(saved, wh)
 
         restore()
         r["job"], out = timed(job, env)
         restore()
+        engine("up")
         r["silver_run"], _ = timed([str(DBT), "--quiet", "run", "--select", "silver", *project], env)
+        keep_results(work, f"silver_run_{n + 1}")
         restore()
+        engine("up")
         r["build"], _ = timed(build, env)
+        keep_results(work, f"build_{n + 1}")
         # The job's batch again on the build's warehouse (restored before the build), so that both
         # have taken it before the rounds with nothing new; compared with what the build made once.
         timed(job, env)
@@ -268,8 +320,10 @@ def main() -> None:
                 f"  baseline == consumer_records: {json.loads(out.strip().splitlines()[-1])['live_keys']:,} live keys"
             )
         r["build_nothing_new"], _ = timed(build, env)
+        keep_results(work, f"build_nothing_new_{n + 1}")
         r["job_nothing_new"], out = timed(job, env)
         assert json.loads(out.strip().splitlines()[-1])["new_events"] == 0, out
+        engine("down")
         results.append(r)
         print("  round " + str(n + 1) + ": " + ", ".join(f"{k} {v:.0f}s" for k, v in r.items()))
     # The median of the rounds (the issue's figure; the best of them with one round), each ratio
