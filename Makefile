@@ -1,7 +1,10 @@
 # changelake: `make demo` runs the whole flow on one machine; `make test` runs the test suite.
 # Both install what they need on first use (Python deps, Delta jars, a local PostgreSQL).
 SHELL := /bin/bash
-PYTHON ?= python3
+# The interpreter the venv is made from: Debian's python3.11 when it has venv (built with PGO and LTO;
+# ingest's decode loop, one core of Python, takes 10-15 % less CPU than under pyenv's plain build of
+# 3.11.7: BENCHMARKS.md, P1), else python3. An existing .venv is kept: delete it to switch.
+PYTHON ?= $(shell /usr/bin/python3.11 -c 'import venv, ensurepip' >/dev/null 2>&1 && echo /usr/bin/python3.11 || echo python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt examples/dagster/requirements.txt pyproject.toml | sha1sum | cut -c1-12)

@@ -134,7 +134,30 @@ def main() -> None:
     if not args.force and is_current():
         print(f"driver class archive is current: {ARCHIVE}")
         return
-    secs = build()
+    # The JVM's and Spark's own lines (start-up warnings, stage progress) go to a log beside the
+    # archive, not to the terminal of a first `make demo`; the log's tail is shown if it fails.
+    log = ARCHIVE.with_name(ARCHIVE.name + ".log")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    print(f"setup: building the driver JVM's class archive (~40 s, once; Spark's output in {log})", flush=True)
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    try:
+        with log.open("w") as out:
+            os.dup2(out.fileno(), 1)
+            os.dup2(out.fileno(), 2)
+            try:
+                secs = build()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os.dup2(saved[0], 1)
+                os.dup2(saved[1], 2)
+    except BaseException:
+        sys.stderr.write("".join(log.read_text(errors="replace").splitlines(keepends=True)[-20:]))
+        raise
+    finally:
+        os.close(saved[0])
+        os.close(saved[1])
     print(f"driver class archive built in {secs:.0f} s: {ARCHIVE} ({ARCHIVE.stat().st_size / 1e6:.0f} MB)")
 
 
