@@ -9,10 +9,7 @@ tests/unit/sources/mongodb and listed in docs/mongodb.md.
 from __future__ import annotations
 
 import json
-import os
-import secrets
 import shutil
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -22,7 +19,6 @@ import bson
 import pytest
 import yaml
 from bson import Decimal128, Int64, ObjectId, json_util
-from pymongo import MongoClient
 
 from ingest import cli
 from ingest.bronze.writer import BronzeWriter
@@ -39,32 +35,8 @@ from tests.helpers import engine
 from tests.helpers.delta_rows import read
 from tests.helpers.pg import ROOT, bronze_events
 from tests.helpers.silver import NO_UNIT_TESTS, dbt, silver
-from tests.mongo.server import mongo_java_server
 
 pytestmark = pytest.mark.integration
-LIVE_URI_ENV = "MONGODB_URI"
-
-
-@pytest.fixture(scope="module", params=["mongo-java-server", "live"])
-def mongo_uri(request: pytest.FixtureRequest) -> Iterator[str]:
-    if request.param == "live":
-        uri = os.environ.get(LIVE_URI_ENV)
-        if not uri:
-            pytest.skip(f"live MongoDB tests need {LIVE_URI_ENV} (a replica set URI); none is set")
-        yield uri
-    else:
-        with mongo_java_server() as uri:
-            yield uri
-
-
-@pytest.fixture
-def mongo_db(mongo_uri: str) -> Iterator[Any]:
-    """A throwaway database (dropped at teardown)."""
-    client: MongoClient[dict[str, Any]] = MongoClient(mongo_uri, tz_aware=True, serverSelectionTimeoutMS=10_000)
-    name = f"cl_{secrets.token_hex(4)}"
-    yield client[name]
-    client.drop_database(name)
-    client.close()
 
 
 def source(uri: str, db: Any, **extra: Any) -> MongoSource:

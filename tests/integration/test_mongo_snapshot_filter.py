@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import secrets
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -39,32 +36,8 @@ from ingest.sources.mongodb.snapshot import request_snapshot
 from tests.helpers.delta_rows import read
 from tests.helpers.ingest_process import ingest, write_config
 from tests.helpers.pg import bronze_events
-from tests.mongo.server import mongo_java_server
 
 pytestmark = pytest.mark.integration
-LIVE_URI_ENV = "MONGODB_URI"
-
-
-@pytest.fixture(scope="module", params=["mongo-java-server", "live"])
-def mongo_uri(request: pytest.FixtureRequest) -> Iterator[str]:
-    if request.param == "live":
-        uri = os.environ.get(LIVE_URI_ENV)
-        if not uri:
-            pytest.skip(f"live MongoDB tests need {LIVE_URI_ENV} (a replica set URI); none is set")
-        yield uri
-    else:
-        with mongo_java_server() as uri:
-            yield uri
-
-
-@pytest.fixture
-def mongo_db(mongo_uri: str) -> Iterator[Any]:
-    """A throwaway database (dropped at teardown)."""
-    client: MongoClient[dict[str, Any]] = MongoClient(mongo_uri, tz_aware=True, serverSelectionTimeoutMS=10_000)
-    name = f"cl_{secrets.token_hex(4)}"
-    yield client[name]
-    client.drop_database(name)
-    client.close()
 
 
 def oid(i: int) -> ObjectId:

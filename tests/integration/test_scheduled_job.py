@@ -40,8 +40,8 @@ def test_a_configuration_error_stops_the_round_with_exit_2(tmp_path: Path) -> No
     assert r.returncode == 2, r.stderr
 
 
-def test_a_round_with_nothing_new_for_silver_skips_dbt(tmp_path: Path, make_source: Any) -> None:
-    """A `run --once` that captured nothing still commits its drain marker and a position; no dbt then."""
+def job_on_a_source(tmp_path: Path, make_source: Any) -> tuple[Any, dict[str, str]]:
+    """A source with one table, ingest's config and warehouse for it, and the job's environment."""
     s = make_source("create table t (id int primary key, v int)", ["t"])
     prepare(s.config())
     cfg, wh = tmp_path / "ingest.yml", tmp_path / "wh"
@@ -51,12 +51,18 @@ def test_a_round_with_nothing_new_for_silver_skips_dbt(tmp_path: Path, make_sour
         "PATH": "/usr/bin:/bin",
         "CHANGELAKE_CONFIG": str(cfg),
         "CHANGELAKE_WAREHOUSE": str(wh),
-        # A real dbt that needs no JVM: what is tested is whether the round starts dbt at all.
-        "CHANGELAKE_DBT_ARGS": "parse",
         "DBT_PROFILES_DIR": str(ROOT),
         "DBT_TARGET_PATH": str(tmp_path / "dbt-target"),
         "DBT_LOG_PATH": str(tmp_path / "dbt-logs"),
     }
+    return s, env
+
+
+def test_a_round_with_nothing_new_for_silver_skips_dbt(tmp_path: Path, make_source: Any) -> None:
+    """A `run --once` that captured nothing still commits its drain marker and a position; no dbt then."""
+    s, env = job_on_a_source(tmp_path, make_source)
+    # A real dbt that needs no JVM: what is tested is whether the round starts dbt at all.
+    env["CHANGELAKE_DBT_ARGS"] = "parse"
 
     def round_() -> str:
         r = subprocess.run(
@@ -84,19 +90,7 @@ def test_the_build_after_a_failed_one_checks_whole_tables(tmp_path: Path, make_s
 
     dbt itself tells what it got: `compile --inline` renders macro changelake_full_tests (no JVM).
     """
-    s = make_source("create table t (id int primary key, v int)", ["t"])
-    prepare(s.config())
-    cfg, wh = tmp_path / "ingest.yml", tmp_path / "wh"
-    source = {"kind": "postgres", "name": s.name, "dsn": s.dsn, "tables": s.tables}
-    cfg.write_text(yaml.safe_dump({"warehouse": str(wh), "sources": [source]}))
-    env = {
-        "PATH": "/usr/bin:/bin",
-        "CHANGELAKE_CONFIG": str(cfg),
-        "CHANGELAKE_WAREHOUSE": str(wh),
-        "DBT_PROFILES_DIR": str(ROOT),
-        "DBT_TARGET_PATH": str(tmp_path / "dbt-target"),
-        "DBT_LOG_PATH": str(tmp_path / "dbt-logs"),
-    }
+    s, env = job_on_a_source(tmp_path, make_source)
     full_tests = "compile --no-populate-cache --inline select_{{changelake_full_tests()}}"
 
     def round_(dbt_args: str) -> subprocess.CompletedProcess[str]:
