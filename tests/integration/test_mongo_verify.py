@@ -39,7 +39,7 @@ from ingest.sources.mongodb.source import cluster_time
 from ingest.sources.mongodb.verify import verify_collections
 from ingest.verify import EXIT_EQUAL, EXIT_NOT_VERIFIED, Status, TableResult, exit_code, silver_path
 from tests.helpers.delta_rows import read
-from tests.integration.test_mongo_flow import capture_once, mongo_db, mongo_uri, product, source  # noqa: F401
+from tests.integration.test_mongo_flow import capture_once, product, source
 
 pytestmark = pytest.mark.integration
 
