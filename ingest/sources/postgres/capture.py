@@ -35,6 +35,7 @@ from ingest.sources.postgres.membership import MembershipWatch, decode, encode
 from ingest.sources.postgres.pages import Hook
 from ingest.sources.postgres.published import publish_again
 from ingest.sources.postgres.replication import Keepalive, ReplicationStream, XLogData, application_name
+from ingest.sources.postgres.restart_point import advance_restart_point
 from ingest.sources.postgres.schema_changes import relation_now, report_shape_change, resnapshot_reason, with_attnums
 from ingest.sources.postgres.scope import ScopeWatch
 from ingest.sources.postgres.snapshot import Snapshotter, cannot_snapshot
@@ -423,6 +424,9 @@ class PostgresCapture:
         """Capture until `should_stop()` (or, with `once`, until the source's current position)."""
         admin = prepare_source(self.src)
         try:
+            # Before anything reads the slot (the history check's peek, the stream): else the server may
+            # decode a large transaction bronze already holds again, and spill it (restart_point.py).
+            advance_restart_point(admin.conn, self.src)
             t0 = time.monotonic()
             self.writer.ensure_tables()
             positions = SourcePositions.read(self.writer, self.src.name)  # the start's one read of the rows
