@@ -85,7 +85,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=2_000_000)
     ap.add_argument("--rate", type=int, default=2000, help="row changes per second during the snapshot")
-    ap.add_argument("--page-rows", type=int, default=10_000)
+    ap.add_argument("--page-rows", type=int, default=SnapshotSettings().page_rows)
     ap.add_argument("--max-parallel", type=int, default=SnapshotSettings().max_parallel)
     ap.add_argument("--split-rows", type=int, default=SnapshotSettings().split_rows)
     args = ap.parse_args()

@@ -145,6 +145,26 @@ class SnapshotRow:
 
 
 @dataclass(frozen=True, slots=True)
+class PageColumns:
+    """A snapshot page's rows as Arrow string columns, as the compiled encoder builds them: no object per row.
+
+    Each column is a pair (offsets, data): `count + 1` int32 little-endian offsets into UTF-8
+    bytes, the layout of an Arrow `string` array. `key_text` is a list column: `key_lists` holds
+    its int32 offsets into the `key_text` strings (every row has the key's width of them).
+    `last_key` is the last row's key text (the next page's keyset cursor), `chars` the record
+    JSON's length in characters (the page byte budget's measure, as `len(row.record)` counts).
+    """
+
+    count: int
+    chars: int
+    record_pk: tuple[bytes, bytes]
+    record: tuple[bytes, bytes]
+    key_lists: bytes
+    key_text: tuple[bytes, bytes]
+    last_key: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class TableSnapshot:
     """The whole-table snapshot a page belongs to, as bronze.snapshot_pages' `table_snapshot` stores it.
 
@@ -179,6 +199,8 @@ class SnapshotPage:
     high watermark committed after the read; a MongoDB page carries its `atClusterTime` packed as
     a position in `high_watermark_lsn` and no xids. A page with no rows (an empty table, or the end
     of one) is still written, as one marker row, so every page and the snapshot's end are durable.
+
+    Its rows are either `rows` or, for a page the compiled encoder read, `columns` (`rows` then empty).
     """
 
     snapshot_id: str
@@ -193,6 +215,12 @@ class SnapshotPage:
     xmax: int | None = None
     xip: tuple[int, ...] | None = None
     table_snapshot: TableSnapshot | None = None  # a page of a whole-table Postgres snapshot
+    columns: PageColumns | None = None  # the rows as columns, instead of `rows`
+
+    @property
+    def row_count(self) -> int:
+        """How many rows the page read (0 for a page that read none)."""
+        return self.columns.count if self.columns is not None else len(self.rows)
 
 
 def lsn_to_int(text: str) -> int:

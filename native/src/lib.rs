@@ -11,6 +11,7 @@
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::types::PyBytes;
 
 /// Column value mappings (docs/bronze.md), the codes `ingest/sources/postgres/native.py` passes.
 const KIND_INT: u8 = 0; // the text as it is: a JSON number
@@ -190,6 +191,209 @@ fn copy_field(field: &[u8]) -> Result<Option<std::borrow::Cow<'_, [u8]>>, Refusa
     Ok(Some(std::borrow::Cow::Owned(out)))
 }
 
+type Field<'a> = Option<std::borrow::Cow<'a, [u8]>>;
+
+/// The lines of a buffer of whole COPY text-format lines.
+fn copy_lines(buf: &[u8]) -> Result<impl Iterator<Item = &[u8]>, Refusal> {
+    let body = buf.strip_suffix(b"\n").ok_or("a COPY buffer ends with a newline")?;
+    Ok(body.split(|&b| b == b'\n'))
+}
+
+/// A COPY text-format line's fields, escapes resolved (`copy_field`).
+fn copy_fields(line: &[u8]) -> Result<Vec<Field<'_>>, Refusal> {
+    line.split(|&b| b == b'\t').map(copy_field).collect()
+}
+
+fn values_of<'a>(fields: &'a [Field<'_>]) -> Vec<Value<'a>> {
+    fields
+        .iter()
+        .map(|f| match f {
+            None => Value::Null,
+            Some(v) => Value::Data(v.as_ref()),
+        })
+        .collect()
+}
+
+/// A key column's text as a page's `key_text` holds it: the field as UTF-8, NULL as "".
+fn key_field<'a>(field: &'a Field<'_>) -> Result<&'a str, Refusal> {
+    match field {
+        None => Ok(""),
+        Some(v) => std::str::from_utf8(v.as_ref()).map_err(|_| "key not UTF-8"),
+    }
+}
+
+/// Append `len` to an Arrow offsets buffer (int32, little-endian); a column past 2 GiB is refused.
+fn push_offset(offsets: &mut Vec<u8>, len: usize) -> Result<(), Refusal> {
+    let at = i32::try_from(len).map_err(|_| "a page column over 2 GiB")?;
+    offsets.extend_from_slice(&at.to_le_bytes());
+    Ok(())
+}
+
+const OFFSET_BYTES: usize = 4; // an Arrow string column's int32 offset
+
+/// How much of a PageBuilder holds whole rows: what `restore` goes back to.
+#[derive(Clone, Copy, Default)]
+struct Kept {
+    count: usize,
+    chars: u64,
+    record_pk: usize,
+    record: usize,
+    key_text: usize,
+}
+
+/// A snapshot page's rows as Arrow string columns (int32 offsets + UTF-8 data), filled a COPY buffer
+/// at a time by `RowEncoder.copy_into` (or `push_rows`, the rows Python encoded for a buffer the
+/// compiled encoder refused) and handed to Python whole by `buffers`: no Python object per row.
+///
+/// Every filling call first drops what a refused or panicked call left half written (`restore`),
+/// so the page only ever holds the rows of the calls that succeeded.
+#[pyclass]
+struct PageBuilder {
+    key_width: usize,
+    count: usize,
+    chars: u64, // the record JSON's length in characters (Python's len), the page budget's measure
+    record_pk: String,
+    record_pk_offsets: Vec<u8>,
+    record: String,
+    record_offsets: Vec<u8>,
+    key_text: String,
+    key_offsets: Vec<u8>,
+    kept: Kept,
+}
+
+impl PageBuilder {
+    fn new(key_width: usize) -> Self {
+        let zero = 0i32.to_le_bytes().to_vec();
+        PageBuilder {
+            key_width,
+            count: 0,
+            chars: 0,
+            record_pk: String::new(),
+            record_pk_offsets: zero.clone(),
+            record: String::new(),
+            record_offsets: zero.clone(),
+            key_text: String::new(),
+            key_offsets: zero,
+            kept: Kept::default(),
+        }
+    }
+
+    /// Close a row whose record_pk, record and key texts were appended: their end offsets.
+    fn end_row(&mut self, width: u64) -> Result<(), Refusal> {
+        push_offset(&mut self.record_pk_offsets, self.record_pk.len())?;
+        push_offset(&mut self.record_offsets, self.record.len())?;
+        self.count += 1;
+        self.chars += width;
+        Ok(())
+    }
+
+    fn keep(&mut self) {
+        self.kept = Kept {
+            count: self.count,
+            chars: self.chars,
+            record_pk: self.record_pk.len(),
+            record: self.record.len(),
+            key_text: self.key_text.len(),
+        };
+    }
+
+    /// Back to the rows kept by the last call that succeeded.
+    fn restore(&mut self) {
+        let k = self.kept;
+        self.count = k.count;
+        self.chars = k.chars;
+        self.record_pk.truncate(k.record_pk);
+        self.record.truncate(k.record);
+        self.key_text.truncate(k.key_text);
+        self.record_pk_offsets.truncate((k.count + 1) * OFFSET_BYTES);
+        self.record_offsets.truncate((k.count + 1) * OFFSET_BYTES);
+        self.key_offsets.truncate((k.count * self.key_width + 1) * OFFSET_BYTES);
+    }
+}
+
+#[pymethods]
+impl PageBuilder {
+    /// Rows kept so far.
+    fn __len__(&self) -> usize {
+        self.kept.count
+    }
+
+    /// Append rows encoded in Python, (record_pk, record, key texts) each, with `copy_into`'s page
+    /// budget: stops before the row that would take the record JSON past `max_chars` characters
+    /// (the page's first row is kept). Whether that row ended the page.
+    fn push_rows(&mut self, rows: Vec<(String, String, Vec<String>)>, max_chars: u64) -> PyResult<bool> {
+        self.restore();
+        for (record_pk, record, key) in rows {
+            if key.len() != self.key_width {
+                return Err(PyValueError::new_err("a row's key has another width than the page's"));
+            }
+            let width = record.chars().count() as u64;
+            if self.count > 0 && self.chars + width > max_chars {
+                self.keep();
+                return Ok(true);
+            }
+            self.record_pk.push_str(&record_pk);
+            self.record.push_str(&record);
+            for k in &key {
+                self.key_text.push_str(k);
+                push_offset(&mut self.key_offsets, self.key_text.len()).map_err(PyValueError::new_err)?;
+            }
+            self.end_row(width).map_err(PyValueError::new_err)?;
+        }
+        self.keep();
+        Ok(false)
+    }
+
+    /// The page as Arrow buffers: (rows, record JSON characters, record_pk offsets, record_pk data,
+    /// record offsets, record data, key_text list offsets, key_text string offsets, key_text data,
+    /// the last row's key texts (empty without rows)). Offsets are int32 little-endian.
+    #[allow(clippy::type_complexity)]
+    fn buffers<'py>(
+        &mut self,
+        py: Python<'py>,
+    ) -> PyResult<(
+        usize,
+        u64,
+        Bound<'py, PyBytes>,
+        Bound<'py, PyBytes>,
+        Bound<'py, PyBytes>,
+        Bound<'py, PyBytes>,
+        Bound<'py, PyBytes>,
+        Bound<'py, PyBytes>,
+        Bound<'py, PyBytes>,
+        Vec<String>,
+    )> {
+        self.restore();
+        let mut lists = Vec::with_capacity((self.count + 1) * OFFSET_BYTES);
+        for row in 0..=self.count {
+            push_offset(&mut lists, row * self.key_width).map_err(PyValueError::new_err)?;
+        }
+        let mut last_key = Vec::new();
+        if self.count > 0 {
+            let offset = |i: usize| {
+                let b = &self.key_offsets[i * OFFSET_BYTES..(i + 1) * OFFSET_BYTES];
+                i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize
+            };
+            let first = (self.count - 1) * self.key_width;
+            for i in first..first + self.key_width {
+                last_key.push(self.key_text[offset(i)..offset(i + 1)].to_owned());
+            }
+        }
+        Ok((
+            self.count,
+            self.chars,
+            PyBytes::new(py, &self.record_pk_offsets),
+            PyBytes::new(py, self.record_pk.as_bytes()),
+            PyBytes::new(py, &self.record_offsets),
+            PyBytes::new(py, self.record.as_bytes()),
+            PyBytes::new(py, &lists),
+            PyBytes::new(py, &self.key_offsets),
+            PyBytes::new(py, self.key_text.as_bytes()),
+            last_key,
+        ))
+    }
+}
+
 /// A change message of a protocol 2 stream block as (its xid, the message as protocol 1 sends it):
 /// `pgoutput.unstream`.
 fn unstream(payload: &[u8]) -> Result<(u32, Vec<u8>), Refusal> {
@@ -214,10 +418,16 @@ impl RowEncoder {
     /// `values.encode_record`: the row as a JSON object, unchanged-TOAST columns left out and listed. A tuple
     /// whose width is not the relation's is refused (Python raises: a Relation message was missed).
     fn record(&self, values: &[Value<'_>]) -> Result<(String, Option<Vec<String>>), Refusal> {
+        let mut out = String::with_capacity(64 + 16 * values.len());
+        let toast = self.record_into(values, &mut out)?;
+        Ok((out, toast))
+    }
+
+    /// `record`, appended to `out` (a page's record column); on a refusal `out` may hold part of it.
+    fn record_into(&self, values: &[Value<'_>], out: &mut String) -> Result<Option<Vec<String>>, Refusal> {
         if values.len() != self.kinds.len() {
             return Err("tuple width differs from the relation's");
         }
-        let mut out = String::with_capacity(64 + 16 * values.len());
         let mut toast: Option<Vec<String>> = None;
         out.push('{');
         let mut first = true;
@@ -231,14 +441,14 @@ impl RowEncoder {
                     first = false;
                     out.push_str(&self.keys[i]);
                     match v {
-                        Value::Data(d) => push_value(&mut out, self.kinds[i], d)?,
+                        Value::Data(d) => push_value(out, self.kinds[i], d)?,
                         _ => out.push_str("null"),
                     }
                 }
             }
         }
         out.push('}');
-        Ok((out, toast))
+        Ok(toast)
     }
 
     /// `values.encode_key`: the key columns as a JSON object, a NULL one as null. An unchanged-TOAST
@@ -247,6 +457,12 @@ impl RowEncoder {
     /// cannot be known). `record` is not affected: it leaves the column out and lists it.
     fn pk(&self, values: &[Value<'_>], old: Option<&[Value<'_>]>) -> Result<String, Refusal> {
         let mut out = String::with_capacity(32);
+        self.pk_into(values, old, &mut out)?;
+        Ok(out)
+    }
+
+    /// `pk`, appended to `out` (a page's record_pk column); on a refusal `out` may hold part of it.
+    fn pk_into(&self, values: &[Value<'_>], old: Option<&[Value<'_>]>, out: &mut String) -> Result<(), Refusal> {
         out.push('{');
         for (n, &i) in self.pk_idx.iter().enumerate() {
             if n > 0 {
@@ -254,16 +470,16 @@ impl RowEncoder {
             }
             out.push_str(&self.keys[i]);
             match values.get(i).ok_or("key column missing from the tuple")? {
-                Value::Data(d) => push_value(&mut out, self.kinds[i], d)?,
+                Value::Data(d) => push_value(out, self.kinds[i], d)?,
                 Value::Null => out.push_str("null"),
                 Value::Unchanged => match old.filter(|o| o.len() == self.kinds.len()).map(|o| &o[i]) {
-                    Some(Value::Data(d)) => push_value(&mut out, self.kinds[i], d)?,
+                    Some(Value::Data(d)) => push_value(out, self.kinds[i], d)?,
                     _ => return Err("unchanged TOAST key column without an old value"),
                 },
             }
         }
         out.push('}');
-        Ok(out)
+        Ok(())
     }
 
     /// The rows of a COPY ... TO STDOUT text-format buffer (whole lines) as (record_pk, record).
@@ -276,31 +492,45 @@ impl RowEncoder {
     #[allow(clippy::type_complexity)]
     fn copy_page(&self, buf: &[u8]) -> Result<Vec<(String, String, Vec<String>)>, Refusal> {
         let mut rows = Vec::new();
-        let body = buf.strip_suffix(b"\n").ok_or("a COPY buffer ends with a newline")?;
-        for line in body.split(|&b| b == b'\n') {
-            let fields = line
-                .split(|&b| b == b'\t')
-                .map(copy_field)
-                .collect::<Result<Vec<_>, Refusal>>()?;
-            let values: Vec<Value<'_>> = fields
-                .iter()
-                .map(|f| match f {
-                    None => Value::Null,
-                    Some(v) => Value::Data(v.as_ref()),
-                })
-                .collect();
+        for line in copy_lines(buf)? {
+            let fields = copy_fields(line)?;
+            let values = values_of(&fields);
             let (record, _) = self.record(&values)?;
-            let mut key = Vec::with_capacity(self.pk_idx.len());
-            for &i in &self.pk_idx {
-                let text = match &fields[i] {
-                    None => String::new(),
-                    Some(v) => std::str::from_utf8(v.as_ref()).map_err(|_| "key not UTF-8")?.to_owned(),
-                };
-                key.push(text);
-            }
+            let key = self.pk_idx.iter().map(|&i| key_field(&fields[i]).map(str::to_owned)).collect::<Result<_, _>>()?;
             rows.push((self.pk(&values, None)?, record, key));
         }
         Ok(rows)
+    }
+
+    /// Append the rows of a COPY text-format buffer to `page`, as `copy_page` encodes them, until the
+    /// row that would take the page's record JSON past `max_chars` characters (a page's first row
+    /// is kept whatever its width). Whether that row ended the page (the rest of `buf` is not read).
+    /// On a refusal `page` keeps only the rows it had (`PageBuilder::restore`).
+    fn copy_into_page(&self, page: &mut PageBuilder, buf: &[u8], max_chars: u64) -> Result<bool, Refusal> {
+        page.restore();
+        if page.key_width != self.pk_idx.len() {
+            return Err("the page was made for another relation's key");
+        }
+        for line in copy_lines(buf)? {
+            let fields = copy_fields(line)?;
+            let values = values_of(&fields);
+            let start = page.record.len();
+            self.record_into(&values, &mut page.record)?;
+            let width = page.record[start..].chars().count() as u64;
+            if page.count > 0 && page.chars + width > max_chars {
+                page.record.truncate(start);
+                page.keep();
+                return Ok(true);
+            }
+            self.pk_into(&values, None, &mut page.record_pk)?;
+            for &i in &self.pk_idx {
+                page.key_text.push_str(key_field(&fields[i])?);
+                push_offset(&mut page.key_offsets, page.key_text.len())?;
+            }
+            page.end_row(width)?;
+        }
+        page.keep();
+        Ok(false)
     }
 
     #[allow(clippy::type_complexity)]
@@ -419,10 +649,25 @@ impl RowEncoder {
     fn copy_page_of(&self, buf: &[u8]) -> PyResult<Vec<(String, String, Vec<String>)>> {
         self.copy_page(buf).map_err(PyValueError::new_err)
     }
+
+    /// An empty snapshot page of this relation's rows, for `copy_into`.
+    fn page(&self) -> PageBuilder {
+        PageBuilder::new(self.pk_idx.len())
+    }
+
+    /// Append the rows of a buffer of whole COPY ... TO STDOUT text-format lines to `page`, until the
+    /// row that would take its record JSON past `max_chars` characters; whether that row ended the
+    /// page. Encoded without the GIL. Raises ValueError as `copy_rows_of` does, `page` then holding
+    /// only the rows it had.
+    fn copy_into(&self, py: Python<'_>, mut page: PyRefMut<'_, PageBuilder>, buf: &[u8], max_chars: u64) -> PyResult<bool> {
+        let page = &mut *page;
+        py.detach(|| self.copy_into_page(page, buf, max_chars)).map_err(PyValueError::new_err)
+    }
 }
 
 #[pymodule]
 fn changelake_pgoutput(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<RowEncoder>()?;
+    m.add_class::<PageBuilder>()?;
     Ok(())
 }

@@ -1,8 +1,10 @@
 """Snapshot pages read by COPY and the compiled encoder land in bronze as the cursor-read Python pages do.
 
-The same table is snapshotted twice, once with the compiled encoder and once without it (the
-Python path every page took before): bronze's page rows must be equal byte for byte, keys with
-COPY's escaped characters included, and COPY pages must keep the page byte budget.
+The same table is snapshotted with the compiled encoder (COPY pages as Arrow buffers, no row
+objects), without it (the Python path every page took before), and with the compiled encoder
+refusing every other buffer (pages mixing its buffers with rows Python encoded): bronze's page
+rows must be equal byte for byte, keys with COPY's escaped characters included, and COPY pages
+must keep the page byte budget.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from typing import Any
 
 import pytest
 
-from ingest.sources.postgres import native
+from ingest.events import PageColumns
+from ingest.sources.postgres import native, pages
+from ingest.sources.postgres.native_guard import GuardedEncoder
 from ingest.sources.postgres.pages import PageReader
 from tests.helpers.delta_rows import read
 from tests.helpers.pg import capture_once, prepare
@@ -45,20 +49,39 @@ def page_rows(warehouse: Path, source: str) -> list[tuple[Any, ...]]:
     return [tuple(getattr(r, c) for c in COLUMNS) for r in got]
 
 
-def snapshot(warehouse: Path, src: Any, monkeypatch: pytest.MonkeyPatch, compiled: bool) -> int:
-    """Snapshot `src` into `warehouse`; how many pages were read by COPY."""
+def snapshot(
+    warehouse: Path, src: Any, monkeypatch: pytest.MonkeyPatch, compiled: bool, refuse_every_other: bool = False
+) -> int:
+    """Snapshot `src` into `warehouse`; how many pages were read by COPY (each one as columns).
+
+    `refuse_every_other`: COPY buffers of 3 lines, every other one refused by the compiled
+    encoder, so a page holds its buffers and Python's rows in turn.
+    """
     copies = []
-    real = PageReader._copy
+    real, real_into = PageReader._copy, GuardedEncoder.copy_into
+    into_calls = []
 
     def counted(self: PageReader, *args: Any) -> Any:
-        copies.append(1)
-        return real(self, *args)
+        out = real(self, *args)
+        assert isinstance(out[0], PageColumns)
+        copies.append(out[0].count)
+        return out
+
+    def refusing(self: GuardedEncoder, page: Any, buf: bytes, max_chars: int) -> bool:
+        into_calls.append(1)
+        if len(into_calls) % 2:
+            raise ValueError("refused by the test")
+        return real_into(self, page, buf, max_chars)
 
     with monkeypatch.context() as m:
         m.setattr(PageReader, "_copy", counted)
         if not compiled:
             m.setattr(native, "_RowEncoder", None)
+        if refuse_every_other:
+            m.setattr(pages, "COPY_CHUNK_ROWS", 3)
+            m.setattr(GuardedEncoder, "copy_into", refusing)
         capture_once(warehouse, src, snapshots=True, page_rows=10)
+    assert not refuse_every_other or len(into_calls) > len(copies)
     return len(copies)
 
 
@@ -71,8 +94,10 @@ def test_copy_pages_are_byte_identical_to_python_pages(
     assert snapshot(tmp_path / "python", s.config(), monkeypatch, compiled=False) == 0
     # Every page after the first (which measures the table's record width) is read by COPY.
     assert snapshot(tmp_path / "compiled", s.config(), monkeypatch, compiled=True) == 9
+    assert snapshot(tmp_path / "mixed", s.config(), monkeypatch, compiled=True, refuse_every_other=True) == 9
     slow, fast = page_rows(tmp_path / "python", s.name), page_rows(tmp_path / "compiled", s.name)
     assert len(fast) == 95 and fast == slow
+    assert page_rows(tmp_path / "mixed", s.name) == slow
     keys = {tuple(r[5]) for r in fast}
     assert ("a\tb", "6") in keys and ("back\\slash", "2") in keys and ("line\nbreak", "1") in keys
     rec = next(json.loads(r[4]) for r in fast if r[5] == ["grüße ☃", "4"])

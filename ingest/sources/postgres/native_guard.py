@@ -6,6 +6,9 @@ run with a Python traceback. Every caller of the compiled decoder already hands 
 (ValueError) to the Python decoder, the reference it mirrors, which gives the same output or
 raises the error that names the table and column. So a panic is refused the same way, with one
 warning per relation naming the table; the run goes on, at Python's speed for that input.
+
+A snapshot page's buffers (`page`, `push_rows`, `buffers`) have no Python twin to hand a panic
+to: there a panic is that ValueError, which fails the page with the message naming the table.
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ def is_panic(error: BaseException) -> bool:
 class GuardedEncoder:
     """One relation's compiled RowEncoder whose panics are refusals.
 
-    Responsibilities: forward `change`, `copy_rows_of` and `copy_page_of`; turn a panic into
-    ValueError naming the table (`what`); warn once per relation, in one line, that it happened.
+    Responsibilities: forward `change`, `copy_rows_of`, `copy_page_of` and a snapshot page's
+    calls (`page`, `copy_into`, `push_rows`, `buffers`); turn a panic into ValueError naming the
+    table (`what`); warn once per relation, in one line, that it happened.
     The stream's per-row caller (ChangeBuilder.feed_payload) calls `unguarded_change` and guards it
     itself with `refusal`: a forwarding Python frame per row cost more than the try it saves.
     """
@@ -57,9 +61,29 @@ class GuardedEncoder:
         """RowEncoder.copy_page_of; a panic raises ValueError."""
         return self._call(self._enc.copy_page_of, buf)
 
-    def _call(self, method: Callable[[bytes], Any], buf: bytes) -> Any:
+    def page(self) -> Any:
+        """RowEncoder.page: an empty snapshot page (a PageBuilder) of this relation; a panic raises ValueError."""
+        return self._call(self._enc.page)
+
+    def copy_into(self, page: Any, buf: bytes, max_chars: int) -> bool:
+        """RowEncoder.copy_into: `buf`'s COPY rows appended to `page`; whether the page's budget cut it.
+
+        A panic raises ValueError. After a refusal or a panic the page holds the rows it had before
+        the call (native/).
+        """
+        return bool(self._call(self._enc.copy_into, page, buf, max_chars))
+
+    def push_rows(self, page: Any, rows: list[tuple[str, str, tuple[str, ...]]], max_chars: int) -> bool:
+        """PageBuilder.push_rows: rows Python encoded appended to `page`, whether the budget cut it."""
+        return bool(self._call(page.push_rows, rows, max_chars))
+
+    def buffers(self, page: Any) -> Any:
+        """PageBuilder.buffers: the page's row count, record characters, Arrow buffers and last key."""
+        return self._call(page.buffers)
+
+    def _call(self, method: Callable[..., Any], *args: Any) -> Any:
         try:
-            return method(buf)
+            return method(*args)
         except ValueError:
             raise
         except BaseException as e:

@@ -17,7 +17,7 @@ from psycopg import pq, sql
 from ingest.capture.retry import transient_libpq_message, transient_sqlstate
 from ingest.config import PostgresSource
 from ingest.errors import SourceError, SourceUnavailableError
-from ingest.events import SnapshotRow, lsn_to_int
+from ingest.events import PageColumns, SnapshotRow, lsn_to_int
 from ingest.positions import KeyValues
 from ingest.sources.postgres import copy_text
 from ingest.sources.postgres.admin import connect
@@ -108,7 +108,7 @@ def page_encoders(types: TypeCatalog, shape: TableShape, mask: TableMask | None,
 
 @dataclass(frozen=True, slots=True)
 class PageRead:
-    """The outcome of one page read, before it is written to bronze."""
+    """The outcome of one page read, before it is written to bronze: its rows, or their columns (COPY pages)."""
 
     rows: list[SnapshotRow]
     xmin: int
@@ -118,6 +118,19 @@ class PageRead:
     cut: bool = False  # the page's byte budget ended it: more rows follow, whatever their number
     after: tuple[str, ...] | None = None  # a CTID page's cursor: the next page reads the rows after this TID
     filenode: int | None = None  # the file a CTID page read (pg_relation_filenode)
+    columns: PageColumns | None = None  # a COPY page's rows, as the compiled encoder built them (`rows` empty)
+
+    @property
+    def count(self) -> int:
+        """How many rows the page read."""
+        return self.columns.count if self.columns is not None else len(self.rows)
+
+    @property
+    def last_key(self) -> tuple[str, ...] | None:
+        """The last row's key text (a keyset page's cursor), None if the page read no row."""
+        if self.columns is not None:
+            return self.columns.last_key if self.columns.count else None
+        return self.rows[-1].key_text if self.rows else None
 
 
 class PageReader:
@@ -188,7 +201,8 @@ class PageReader:
             # One page holds every row of the keys asked for: a keyless key has no order to resume
             # a cut page after (a json column has no ordering operator, a NULL no place in one).
             limit = max_bytes = UNCUT
-        copy = compiled is not None and task.record_chars is not None
+        # A keyless re-read keeps its rows by their encoded keys below: read as rows, through the cursor.
+        copy = compiled is not None and task.record_chars is not None and not keyless_keys
         rows_limit = limit
         if copy and task.record_chars:
             # Sized so the page ends by its row count, not by a cut that reads rows to drop them.
@@ -238,23 +252,27 @@ class PageReader:
         )
         text = query.as_string(None)
         xmin, xmax, xip, read_at_us = self._begin(task, page)
+        rows: list[SnapshotRow] = []
+        columns = None
         if copy:
-            rows, cut, size = self._copy(text.encode(), shape, encoders, compiled, max_bytes)
+            columns, cut = self._copy(text.encode(), shape, encoders, compiled, max_bytes)
+            count, size = columns.count, columns.chars
             # A page its byte budget sized below the row limit has rows after it, as a cut one does.
-            cut = cut or (limit < rows_limit and len(rows) == limit)
+            cut = cut or (limit < rows_limit and count == limit)
         else:
             rows, cut, size = self._fetch(text.encode(), params, shape, encoders, limit, max_bytes)
-        if task.keys is not None and keyless_keys:
-            # A key with an array matched its other columns only: keep the rows keyed exactly as asked.
-            wanted = set(task.keys)
-            rows = [r for r in rows if key_values(r.record_pk) in wanted]
-            size = sum(len(r.record) for r in rows)
-        if rows:
-            task.record_chars = size / len(rows)
+            if task.keys is not None and keyless_keys:
+                # A key with an array matched its other columns only: keep the rows keyed exactly as asked.
+                wanted = set(task.keys)
+                rows = [r for r in rows if key_values(r.record_pk) in wanted]
+                size = sum(len(r.record) for r in rows)
+            count = len(rows)
+        if count:
+            task.record_chars = size / count
         self._check_types(shape)
         self._exec(b"COMMIT")
         self._hook("after_read", task, page)
-        return PageRead(rows, xmin, xmax, xip, read_at_us, cut)
+        return PageRead(rows, xmin, xmax, xip, read_at_us, cut, columns=columns)
 
     def _begin(self, task: SnapshotTask, page: int) -> tuple[int, int, tuple[int, ...], int]:
         """Open the page's transaction and take its snapshot: (xmin, xmax, in-progress xids, read time in us)."""
@@ -418,22 +436,24 @@ class PageReader:
 
     def _copy(
         self, query: bytes, shape: TableShape, encoders: Sequence[Encoder], compiled: Any, max_bytes: int
-    ) -> tuple[list[SnapshotRow], bool, int]:
-        """The page's rows by `COPY (query) TO STDOUT`, encoded COPY_CHUNK_ROWS lines at a time.
+    ) -> tuple[PageColumns, bool]:
+        """The page's rows by `COPY (query) TO STDOUT`, as columns, encoded COPY_CHUNK_ROWS lines at a time.
 
-        The compiled encoder takes each buffer; one it refuses is encoded in Python (copy_text.py),
-        which raises the error a user sees. The page ends before the row that would take it past
+        The compiled encoder appends each buffer's rows to the page's Arrow buffers (native/); one
+        it refuses is encoded in Python (copy_text.py), which raises the error a user sees, and
+        those rows are appended instead. The page ends before the row that would take it past
         `max_bytes`, as a cursor-read page does; the COPY's later lines are then read and dropped
-        (the page's limit was sized from the table's width, so few are).
+        (the page's limit was sized from the table's width, so few are). Returns the page's
+        columns and whether the byte budget ended it.
         """
         res = self.conn.exec_(b"COPY (" + query + b") TO STDOUT")
         if res.status != pq.ExecStatus.COPY_OUT:
             self._exec_result(res)
         table = f"{shape.schema}.{shape.name}"
         keys_json = json_keys(shape.columns)
-        rows: list[SnapshotRow] = []
+        page = compiled.page()
         lines: list[memoryview | bytes] = []
-        buffered = size = 0
+        buffered = 0
         cut = False
         while True:
             n, data = self.conn.get_copy_data(0)
@@ -444,25 +464,17 @@ class PageReader:
                 buf = b"".join(lines)
                 lines, buffered = [], 0
                 try:
-                    got = [SnapshotRow(pk, rec, tuple(key)) for pk, rec, key in compiled.copy_page_of(buf)]
+                    cut = compiled.copy_into(page, buf, max_bytes)
                 except ValueError:
                     got = copy_text.page_rows(table, keys_json, encoders, shape.columns, shape.key_positions, buf)
-                widths = [len(row.record) for row in got]
-                if size + sum(widths) <= max_bytes:  # the whole buffer fits: no row-by-row check
-                    rows.extend(got)
-                    size += sum(widths)
-                else:
-                    for row, width in zip(got, widths, strict=True):
-                        if rows and size + width > max_bytes:
-                            cut = True
-                            break
-                        rows.append(row)
-                        size += width
+                    cut = compiled.push_rows(page, [(r.record_pk, r.record, r.key_text) for r in got], max_bytes)
             if n < 0:
                 break
         while (end := self.conn.get_result()) is not None:
             self._exec_result(end)
-        return rows, cut, size
+        count, chars, pk_offsets, pk, offsets, record, key_lists, key_offsets, keys, last = compiled.buffers(page)
+        pk_column, record_column, key_column = (pk_offsets, pk), (offsets, record), (key_offsets, keys)
+        return PageColumns(count, chars, pk_column, record_column, key_lists, key_column, tuple(last)), cut
 
     def _check_types(self, shape: TableShape) -> None:
         """Fail the page (transiently) if a column's type is not the one its encoder was made for.

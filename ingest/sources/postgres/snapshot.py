@@ -464,8 +464,8 @@ class Snapshotter:
                 )
                 # A page cut by its byte budget has rows after it, a re-read of listed keys too: the
                 # next page reads on after its last key.
-                more = read.cut or (task.keys is None and task.until is not None and len(read.rows) >= self.page_rows)
-            is_last = not more or (not by_ctid and read.rows[-1].key_text == task.until)
+                more = read.cut or (task.keys is None and task.until is not None and read.count >= self.page_rows)
+            is_last = not more or (not by_ctid and read.last_key == task.until)
             hw = reader.watermark(task, page)
             self.writer.append_page(
                 self.src.name,
@@ -484,14 +484,15 @@ class Snapshotter:
                     read.xmax,
                     read.xip,
                     task.table_snapshot,
+                    read.columns,
                 ),
             )
             faults.hit("snapshot_after_page_commit")
-            task.pages, task.rows = page + 1, task.rows + len(read.rows)
+            task.pages, task.rows = page + 1, task.rows + read.count
             if by_ctid:
                 task.after = read.after
-            elif read.rows:
-                task.after = read.rows[-1].key_text
+            elif read.last_key is not None:
+                task.after = read.last_key
             elapsed = time.monotonic() - t0
             task.rows_per_s = (task.rows - rows0) / elapsed if elapsed > 0 else None
             if not is_last and time.monotonic() - last_raise >= POSITION_INTERVAL_S:
@@ -509,7 +510,7 @@ class Snapshotter:
                 self.src.name,
                 task.table,
                 page,
-                len(read.rows),
+                read.count,
                 task.rows,
                 task.estimated_rows,
                 task.rows_per_s or 0,
