@@ -11,6 +11,13 @@ position before streaming (restart_point.py): restart_lsn passes the transaction
 run spills nothing. On 15 (the shared cluster), on 14 and 18 (throwaway clusters) and from a 16
 standby. The advance is an optimisation: one refused because another session holds the slot
 does not stop ingest, and a slot a 17 standby synchronizes from its primary is left alone.
+
+The advance needs a running-transactions record between the commit and the confirmed position; a
+`run --once` started right after the commit (the scheduled job's case) has none, and the next run
+spilled the transaction all the same. A `--once` run whose slot's restart_lsn lags its drain by a
+large transaction's worth of WAL now has the server log one (pg_log_standby_snapshot(), 16+) and
+drains past it: restart_lsn passes the transaction within that run (16, 18). On 14/15, and for a
+role not allowed the function, the run goes on with a debug line.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import pytest
 from ingest.bronze.writer import BronzeWriter
 from ingest.capture.retry import retrying
 from ingest.config import BatchConfig, PostgresSource
-from ingest.events import lsn_to_int
+from ingest.events import int_to_lsn, lsn_to_int
 from ingest.progress import Progress
 from ingest.sources.postgres.capture import PostgresCapture
 from ingest.sources.postgres.replication import ReplicationStream
@@ -43,7 +50,10 @@ pytestmark = pytest.mark.integration
 
 SHARED_MAJOR = 15  # scripts/pg.sh's cluster, CHANGELAKE_PG_DSN
 MAJORS = [14, SHARED_MAJOR, 18]  # the first with streaming, the suite's, the newest
-PORT_BASE = 25440  # major 14 listens on 25454, 18 on 25458 (free of the other scratch clusters' ports)
+LOGGING_MAJORS = [16, 18]  # the first with pg_log_standby_snapshot(), the newest
+NOT_LOGGING_MAJORS = [14, SHARED_MAJOR]  # without it
+PORT_BASE = 25440  # major 14 listens on 25454, 16 on 25456, 18 on 25458 (free of the other scratch clusters' ports)
+PLAIN_ROLE = "changelake_plain"  # REPLICATION, not a superuser: pg_log_standby_snapshot() is not its to call
 ROWS = 5000  # far more than the walsender's 64 kB logical_decoding_work_mem
 STANDBY_MAJOR = 16  # the first that decodes on a standby
 PRIMARY_PORT, STANDBY_PORT = 25459, 25460
@@ -123,6 +133,18 @@ def large_transaction(s: PgSource) -> int:
     return end
 
 
+def bare_large_transaction(s: PgSource) -> int:
+    """Commit a transaction far larger than the walsender's memory, logging no running transactions; its end.
+
+    As a bulk load ingest's scheduled run starts right after: the background writer logs such a
+    record only every 15 s, so none is likely to lie between the commit and the run's drain.
+    """
+    with s.conn.transaction():
+        s.execute(f"insert into items select g, 'row ' || g from generate_series(1, {ROWS}) g")
+        s.execute(f"insert into items select g, 'more' from generate_series({ROWS + 1}, {2 * ROWS}) g")
+    return s.current_wal()
+
+
 def slot_row(dsn: str, slot: str) -> dict[str, Any]:
     """restart_lsn (an integer), active_pid and the slot's pg_stat_replication_slots counters (0 when unreported)."""
     with psycopg.connect(dsn, autocommit=True) as c:
@@ -155,11 +177,21 @@ def stats_after(dsn: str, slot: str, before: dict[str, Any]) -> dict[str, Any]:
 
 
 def two_runs_decode_it_once(cfg: PostgresSource, end: int, warehouse: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """`run --once` twice after the transaction ending at `end`: the second starts past it and spills nothing."""
+    """`run --once` twice after the transaction ending at `end`: the second starts past it and spills nothing.
+
+    From 16 the first run passes the transaction itself (it has the server log its running
+    transactions before the run's drain ends); before 16 the second run's start advance does, from
+    the record logged after the commit.
+    """
+    with psycopg.connect(cfg.dsn) as c:
+        logs_running_xacts = c.info.server_version >= LOGGING_MAJORS[0] * 10000
     capture_once(warehouse, cfg)
     first = wait_inactive(cfg.dsn, cfg.slot_name)
     assert first["spill_txns"] == 0, "the first run streamed the transaction"
-    assert first["restart_lsn"] < end, "the first run left restart_lsn inside the transaction (else nothing to test)"
+    if logs_running_xacts:
+        assert first["restart_lsn"] >= end, "the first run left restart_lsn before the transaction's commit"
+    else:
+        assert first["restart_lsn"] < end, "the first run left restart_lsn in the transaction (else nothing to test)"
     assert confirmed_flush(cfg.dsn, cfg.slot_name) > end
 
     with caplog.at_level(logging.DEBUG, logger=LOGGER):
@@ -170,11 +202,13 @@ def two_runs_decode_it_once(cfg: PostgresSource, end: int, warehouse: Path, capl
     )
     assert second["restart_lsn"] >= end
     assert len(bronze_events(warehouse, cfg.name)) == 2 * ROWS, "each row once"
-    [line] = [r for r in caplog.records if r.name == LOGGER]
+    [line] = [r for r in caplog.records if r.name == LOGGER and "restart point" in r.getMessage()]
     assert line.levelno == logging.DEBUG, "one quiet line"
     moved = re.search(r"restart_lsn=(\S+) moved_bytes=(\d+)", line.getMessage())
     assert moved is not None, line.getMessage()
-    assert lsn_to_int(moved[1]) >= end and int(moved[2]) > 0, "before START_REPLICATION, past the transaction"
+    assert lsn_to_int(moved[1]) >= end, "before START_REPLICATION, past the transaction"
+    if not logs_running_xacts:
+        assert int(moved[2]) > 0, "the advance moved it"
 
 
 @pytest.mark.parametrize("dsn", MAJORS, ids=[f"pg{m}" for m in MAJORS], indirect=True)
@@ -196,6 +230,7 @@ def test_a_standby_slot_is_advanced_too(tmp_path: Path, caplog: pytest.LogCaptur
     try:
         standby = ScratchCluster.standby_of(primary, STANDBY_PORT, STANDBY_SLOT)
         s = PgSource(primary.dsn, TABLES_SQL, ["items"])
+        standby.wait_replayed(int_to_lsn(s.current_wal()))  # its table, before the source's checks read it there
         cfg = streaming_source(s.config().model_copy(update={"dsn": standby.dsn, "primary_dsn": primary.dsn}))
         end = large_transaction(s)
         two_runs_decode_it_once(cfg, end, tmp_path, caplog)
@@ -278,3 +313,79 @@ def test_a_slot_a_standby_synchronizes_is_left_alone(tmp_path: Path, caplog: pyt
         if standby is not None:
             standby.remove()
         primary.remove()
+
+
+def one_run_after_a_bulk_load(
+    src: PgSource, warehouse: Path, caplog: pytest.LogCaptureFixture
+) -> tuple[PostgresSource, int]:
+    """A large transaction without running-transactions records, then one `run --once` (logged at debug level)."""
+    cfg = streaming_source(src.config())
+    end = bare_large_transaction(src)
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        capture_once(warehouse, cfg)
+    return cfg, end
+
+
+@pytest.mark.parametrize("dsn", LOGGING_MAJORS, ids=[f"pg{m}" for m in LOGGING_MAJORS], indirect=True)
+def test_a_run_right_after_a_large_streamed_transaction_moves_restart_lsn_past_it(
+    src: PgSource, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before the fix the run ended with restart_lsn at the transaction's start (no running-transactions record
+    after its commit), and the next run's walsender read the transaction again from there and spilled it."""
+    cfg, end = one_run_after_a_bulk_load(src, tmp_path, caplog)
+    first = wait_inactive(cfg.dsn, cfg.slot_name)
+    assert first["spill_txns"] == 0, "the run streamed the transaction"
+    assert first["restart_lsn"] >= end, "the run left restart_lsn before the transaction's commit"
+    logged = [r for r in caplog.records if r.name == LOGGER and "running transactions logged" in r.getMessage()]
+    assert [r.levelno for r in logged] == [logging.DEBUG], "one quiet line"
+
+    capture_once(tmp_path, cfg)
+    second = stats_after(cfg.dsn, cfg.slot_name, first)
+    assert (second["spill_txns"], second["spill_bytes"]) == (first["spill_txns"], first["spill_bytes"]), (
+        "the second run made the server decode the transaction again and spill it"
+    )
+    assert len(bronze_events(tmp_path, cfg.name)) == 2 * ROWS, "each row once"
+
+
+@pytest.mark.parametrize("dsn", NOT_LOGGING_MAJORS, ids=[f"pg{m}" for m in NOT_LOGGING_MAJORS], indirect=True)
+def test_a_server_without_pg_log_standby_snapshot_is_not_asked(
+    src: PgSource, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """14 and 15 have no way to log running transactions short of a checkpoint: the run says so quietly."""
+    cfg, end = one_run_after_a_bulk_load(src, tmp_path, caplog)
+    assert len(bronze_events(tmp_path, cfg.name)) == 2 * ROWS
+    assert confirmed_flush(cfg.dsn, cfg.slot_name) > end
+    mine = [r for r in caplog.records if r.name == LOGGER and "running transactions" in r.getMessage()]
+    assert [r.levelno for r in mine] == [logging.DEBUG] and "PostgreSQL 16" in mine[0].getMessage()
+
+
+def plain_role_dsn(dsn: str) -> str:
+    """`dsn` as PLAIN_ROLE, created on its server with REPLICATION and CREATE on the database (for its schema)."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(f"create role {PLAIN_ROLE} login replication")
+        c.execute(f"grant create on database {c.info.dbname} to {PLAIN_ROLE}")
+    info = psycopg.conninfo.conninfo_to_dict(dsn)
+    return f"postgresql://{PLAIN_ROLE}@{info['host']}:{info['port']}/{info['dbname']}"
+
+
+@pytest.mark.parametrize("dsn", [18], ids=["pg18"], indirect=True)
+def test_a_role_not_allowed_to_log_running_transactions_still_captures(
+    dsn: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """EXECUTE on pg_log_standby_snapshot() is the superuser's unless granted: the refusal is one debug line,
+    the run captures, and the process does not ask again (a second run with the same lag)."""
+    s = PgSource(plain_role_dsn(dsn), TABLES_SQL, ["items"])
+    try:
+        cfg = streaming_source(s.config())
+        bare_large_transaction(s)
+        with caplog.at_level(logging.DEBUG, logger=LOGGER):
+            capture_once(tmp_path, cfg)
+            s.execute(f"update items set name = 'again' where id <= {ROWS}")
+            capture_once(tmp_path, cfg)
+        mine = [r for r in caplog.records if r.name == LOGGER and "running transactions" in r.getMessage()]
+        assert [r.levelno for r in mine] == [logging.DEBUG], "one quiet line, in the first run only"
+        assert "sqlstate=42501" in mine[0].getMessage()
+        assert not [r for r in caplog.records if r.name == LOGGER and r.levelno >= logging.WARNING]
+        assert len(bronze_events(tmp_path, cfg.name)) == 3 * ROWS
+    finally:
+        s.drop()

@@ -35,7 +35,7 @@ from ingest.sources.postgres.membership import MembershipWatch, decode, encode
 from ingest.sources.postgres.pages import Hook
 from ingest.sources.postgres.published import publish_again
 from ingest.sources.postgres.replication import Keepalive, ReplicationStream, XLogData, application_name
-from ingest.sources.postgres.restart_point import advance_restart_point
+from ingest.sources.postgres.restart_point import advance_restart_point, pass_restart_point
 from ingest.sources.postgres.schema_changes import relation_now, report_shape_change, resnapshot_reason, with_attnums
 from ingest.sources.postgres.scope import ScopeWatch
 from ingest.sources.postgres.snapshot import Snapshotter, cannot_snapshot
@@ -524,6 +524,7 @@ class PostgresCapture:
         drain_token = uuid.uuid4().hex if once else None
         drain_emitted = False
         drained = False
+        restart_checked = False  # at the first drain: whether the slot's restart point lags (restart_point.py)
         last_activity = last_status = last_heard = time.monotonic()
         sent_ack = self.ack_lsn
         wal_end = observed = self.ack_lsn
@@ -597,6 +598,20 @@ class PostgresCapture:
                     if drained:
                         if batcher.has_work:
                             batcher.submit()
+                        if not restart_checked:
+                            restart_checked = True
+                            # Confirmed before the server logs its running transactions: the walsender
+                            # then has no older restart proposal waiting, and proposes that record.
+                            committer.drain()
+                            sent_ack, last_status = committer.ack_lsn, now
+                            stream.send_status(sent_ack)
+                            faults.hit("after_ack")
+                            if pass_restart_point(admin.conn, admin.writer, self.src, sent_ack):
+                                drain_token = uuid.uuid4().hex
+                                admin.emit_message(DRAIN_PREFIX, drain_token)
+                                drained = False
+                                burst = 0
+                                continue
                         break
                 elif builder.in_txn:
                     if drain_token and out.message_prefix == DRAIN_PREFIX and out.message_content == drain_token:
