@@ -157,16 +157,15 @@ def test_ingest_and_dbt_build_reproduce_the_source(warehouse: Path, make_source:
     # sequin_events changed although that run then finds nothing new (below).
     dbt(warehouse, "build", *NO_UNIT_TESTS, "--exclude", "fct_change_activity")
     # The silver data tests of this build read its rows only (dbt_project.yml, where), but for the
-    # key check of consumer_records, which reads the tables the batch touched, whole.
+    # key checks of the folds (with their row rules, one scan), which read the tables the batch
+    # touched, whole.
     compiled = warehouse.parent / "dbt-target" / "run" / "changelake" / "models" / "silver" / "_silver__models.yml"
+    this_run = f"source = '{s.name}' and commit_lsn > {loaded[s.name]} and commit_lsn <= "
+    touched = f"(changelake_tested.source = '{s.name}' and changelake_tested.table_schema = "
     # dbt names a generic test longer than 63 characters by a hash: find a model's tests by their text.
-    assert f"source = '{s.name}' and commit_lsn > {loaded[s.name]} and commit_lsn <= " in compiled_test(
-        compiled, "columns_not_null_", "sequin_events"
-    )
-    key_test = [p.read_text() for p in compiled.glob("unique_combination_of_columns_*.sql")]
-    key_test = [text for text in key_test if "consumer_records" in text]
-    assert len(key_test) == 1 and "commit_lsn" not in key_test[0]
-    assert f"(changelake_tested.source = '{s.name}' and changelake_tested.table_schema = " in key_test[0]
+    assert this_run in compiled_test(compiled, "changelake_rules_", "sequin_events")
+    key_test = compiled_test(compiled, "changelake_rules_", "consumer_records")
+    assert this_run not in key_test and touched in key_test, key_test
     # No key change left a TOASTed value unchanged in this batch: the folds planned none of the
     # CTEs that complete such values (macro consumer_records_scan_bounds, moves_toast).
     models = warehouse.parent / "dbt-target" / "compiled" / "changelake" / "models" / "silver"
@@ -178,8 +177,8 @@ def test_ingest_and_dbt_build_reproduce_the_source(warehouse: Path, make_source:
     singular = warehouse.parent / "dbt-target" / "run" / "changelake" / "tests" / "dbt"
     scoped = (singular / "assert_record_history_versions_follow_each_other.sql").read_text()
     assert f"(scoped.source = '{s.name}' and scoped.table_schema = " in scoped, scoped
-    history_test = compiled_test(compiled.parent / "_record_history.yml", "columns_not_null_", "record_history")
-    assert f"source = '{s.name}' and commit_lsn > {loaded[s.name]} and commit_lsn <= " in history_test
+    history_test = compiled_test(compiled.parent / "_record_history.yml", "changelake_rules_", "record_history")
+    assert this_run not in history_test and touched in history_test, history_test
     check_equal(warehouse, s)
     check_event_log(warehouse, s)
     doc = {r.record_pk: r for r in silver(warehouse, "consumer_records") if r.source == toast.name}

@@ -140,7 +140,7 @@ def test_a_host_project_builds_silver_and_gold_from_the_package(tmp_path: Path, 
     # The package's data tests ran, scoped to this run's rows by its get_where_subquery (without the
     # `dispatch:` entry dbt's own kept the placeholder, and Spark failed on the unknown column).
     tests = [k for k in results if k.startswith("test.changelake.")]
-    assert any(t.startswith("test.changelake.unique_combination_of_columns_consumer_records") for t in tests), tests
+    assert any(t.startswith("test.changelake.changelake_rules_consumer_records") for t in tests), tests
     compiled = warehouse.parent / "dbt-target" / "compiled" / "changelake"
     scoped = [p for p in compiled.rglob("*.sql") if "__changelake_this_run__" in p.read_text()]
     assert len(tests) > 5 and not scoped, scoped
