@@ -83,6 +83,12 @@ LOG_REFUSALS: Final = frozenset({"42501", "55000", "42883"})
 _refused: set[str] = set()
 
 
+def _first_line(e: psycopg.Error) -> str:
+    """The server's message's first line (its detail and hint follow on later lines), or the error's type."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 def advance_restart_point(conn: psycopg.Connection[tuple[object, ...]], src: PostgresSource) -> None:
     """Advance `src`'s slot to its own confirmed position over `conn` (only `restart_lsn` moves); refusals are logged.
 
@@ -99,7 +105,7 @@ def advance_restart_point(conn: psycopg.Connection[tuple[object, ...]], src: Pos
     except psycopg.Error as e:
         if e.sqlstate is None:
             raise
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = _first_line(e)
         level = logging.DEBUG if e.sqlstate in REFUSALS else logging.WARNING
         log.log(
             level,
@@ -169,7 +175,7 @@ def pass_restart_point(
     except psycopg.Error as e:
         if e.sqlstate is None:
             raise
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = _first_line(e)
         refused = e.sqlstate in LOG_REFUSALS
         if refused:
             _refused.add(src.name)
