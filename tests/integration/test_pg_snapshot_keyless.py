@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import random
+import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -17,8 +19,11 @@ from typing import Any
 import psycopg
 import pytest
 
+from ingest.bronze.writer import BronzeWriter
 from ingest.errors import SourceError, SourceUnavailableError
-from ingest.sources.postgres.snapshot import request_snapshot
+from ingest.sources.postgres import snapshot
+from ingest.sources.postgres.pages import tid_block
+from ingest.sources.postgres.snapshot import Snapshotter, request_snapshot
 from tests.helpers.delta_rows import read
 from tests.helpers.pg import capture_once, prepare
 
@@ -31,6 +36,9 @@ FILL = (
     "insert into {t} select g, 'v' || g, repeat('x', 150) from generate_series(1, {n}) g;"
     "insert into {t} select a, b, c from {t} where a % 7 = 0;"
 )
+
+
+HELD = (1, 2, 3, 500, 1500)  # the rows a transaction held open across a page's read updates
 
 
 def canonical(record: str) -> str:
@@ -103,6 +111,8 @@ class Workload:
     every copy of an `a` at once, so the table's distinct rows stay what the stream can key.
     """
 
+    avoid: tuple[int, ...] = ()  # values of `a` steps leave alone
+
     def __init__(self, dsn: str, table: str, seed: int) -> None:
         self.table = table
         self.rnd = random.Random(seed)
@@ -112,8 +122,9 @@ class Workload:
 
     def step(self) -> None:
         t, rnd, x = self.table, self.rnd, self.c.execute
-        row = x(f"select a from {t} tablesample bernoulli (5) limit 1").fetchone()
-        a = int(row[0]) if row else 1
+        skip = f" where a not in ({', '.join(map(str, self.avoid))})" if self.avoid else ""
+        row = x(f"select a from {t} tablesample bernoulli (5){skip} limit 1").fetchone()
+        a = int(row[0]) if row else (0 if self.avoid else 1)  # no row has a = 0
         op = rnd.random()
         if op < 0.3:
             x(f"insert into {t} select max(a) + 1, 'new', repeat('y', 150) from {t}")
@@ -128,7 +139,7 @@ class Workload:
     def __call__(self, point: str, task: Any, page: int) -> None:
         if page == 2 and point == "before_read":  # open across the read, committed before the watermark
             self.held.execute("begin")
-            self.held.execute(f"update {self.table} set b = b || '#' where a in (1, 2, 3, 500, 1500)")
+            self.held.execute(f"update {self.table} set b = b || '#' where a in {HELD}")
         elif page == 2 and point == "after_read":
             self.held.execute("commit")
         if point == "after_read" or (point == "after_begin" and page != 2):  # invisible to the page, or visible
@@ -223,3 +234,208 @@ def test_a_keyless_partitioned_table_is_refused(warehouse: Path, make_source: An
 
     with pytest.raises(SourceError, match="partitioned and has no primary key"):
         request_snapshot(s.config(), BronzeWriter(warehouse), s.tables[0])
+
+
+class RangedWorkload(Workload):
+    """The workload beside a snapshot cut into block ranges: its hook runs on several threads.
+
+    Only the first range holds a transaction open across its page 2; the others' steps leave the
+    rows it updates alone (a step waiting for their lock under the workload's lock would keep the
+    first range from committing it).
+    """
+
+    avoid = HELD
+
+    def __init__(self, dsn: str, table: str, seed: int) -> None:
+        super().__init__(dsn, table, seed)
+        self.lock = threading.Lock()
+
+    def __call__(self, point: str, task: Any, page: int) -> None:
+        with self.lock:
+            if task.start is None:
+                super().__call__(point, task, page)
+            elif point in ("after_begin", "after_read"):
+                for _ in range(2):
+                    self.step()
+
+
+def whole_snapshots(rows: list[Any]) -> dict[str, tuple[int, set[str], set[str]]]:
+    """Per whole-table snapshot id: its parts, the snapshot ids of its pages, and those that ended."""
+    out: dict[str, tuple[int, set[str], set[str]]] = {}
+    for r in rows:
+        if r.table_snapshot is None:
+            continue
+        parts, ids, ended = out.setdefault(r.table_snapshot["id"], (r.table_snapshot["parts"], set(), set()))
+        assert parts == r.table_snapshot["parts"], "every range's pages carry the same table snapshot"
+        ids.add(r.snapshot_id)
+        if r.last_page:
+            ended.add(r.snapshot_id)
+    return out
+
+
+def test_a_large_keyless_table_is_read_in_block_ranges_side_by_side(warehouse: Path, make_source: Any) -> None:
+    """Cut into max_parallel CTID ranges, each its own writer: every row read exactly once, in contiguous ranges.
+
+    A small keyless table stays one writer, and a filtered snapshot of the large one is not cut.
+    """
+    ddl = "create table {t} (a int, b text, c text); alter table {t} replica identity full;"
+    s = make_source(ddl.format(t="big") + ddl.format(t="small"), ["big", "small"])
+    s.execute(FILL.format(t="big", n=3000))
+    s.execute("delete from big where a between 600 and 1400")  # empty blocks inside a range
+    s.execute(FILL.format(t="small", n=300))
+    s.execute("vacuum big")  # reltuples: the estimate the split is decided by
+    s.execute("vacuum small")
+    src = s.config(snapshot={"max_parallel": 3, "split_rows": 1000})
+    prepare(src)
+    big, small = s.tables
+    spans: dict[str, list[float]] = {}
+
+    def timed(point: str, task: Any, page: int) -> None:
+        if task.table == big and task.where is None and point in ("before_read", "after_read"):
+            spans.setdefault(task.snapshot_id, []).append(time.monotonic())
+
+    capture_once(warehouse, src, snapshots=True, page_rows=100, snapshot_hook=timed)
+    request_snapshot(src, BronzeWriter(warehouse), big, where="a % 2 = 0")
+    capture_once(warehouse, src, snapshots=True, page_rows=100)
+
+    rows = read(warehouse / "bronze" / "snapshot_pages", f"source = '{s.name}' and table_name = 'big'")
+    whole = [r for r in rows if r.table_snapshot is not None]
+    (first, (parts, ids, ended)), *others = whole_snapshots(whole).items()
+    assert others == [] and parts == 3 and ids == ended and len(ids) == 3, "three ranges, each completed"
+    assert first in ids, "the table snapshot's id is its first range's"
+    got = Counter(canonical(r.record) for r in whole if r.record is not None)
+    assert got == source_rows(s.conn, big), "every row read exactly once (duplicates once per copy)"
+    # The ranges are contiguous in block order: each range's rows sit below the next range's.
+    blocks = sorted(
+        (min(b), max(b))
+        for b in (
+            [tid_block(r.key_text[0]) for r in whole if r.snapshot_id == sid and r.record is not None] for sid in ids
+        )
+    )
+    assert all(hi < lo for (_, hi), (lo, _) in zip(blocks, blocks[1:], strict=False))
+    assert min(r.table_snapshot["xmax"] for r in whole) <= min(r.snapshot_xmax for r in whole)
+    times = [(t[0], t[-1]) for t in spans.values()]
+    assert any(a0 < b1 and b0 < a1 for i, (a0, a1) in enumerate(times) for b0, b1 in times[i + 1 :]), "side by side"
+    filtered = [r for r in rows if r.table_snapshot is None]
+    assert len({r.snapshot_id for r in filtered}) == 1 and filtered[0].snapshot_id.startswith("where-")
+    assert sorted(json.loads(r.record)["a"] for r in filtered if r.record is not None) == sorted(
+        json.loads(k)["a"] for k, n in source_rows(s.conn, big).items() for _ in range(n) if json.loads(k)["a"] % 2 == 0
+    )
+    got_small, small_rows = completed_rows(warehouse, s.name, "small")
+    assert got_small == source_rows(s.conn, small)
+    assert {(r.table_snapshot["id"], r.table_snapshot["parts"]) for r in small_rows} == {(small_rows[0].snapshot_id, 1)}
+    writers = read(warehouse / "bronze" / "stream_positions", f"source = '{s.name}'")
+    assert [w.writer_id for w in writers] == ["stream"]
+
+
+def test_keyless_block_ranges_under_concurrent_writes_fold_to_the_source(
+    warehouse: Path, make_source: Any, pg_dsn: str
+) -> None:
+    """Inserts, duplicates, updates and deletes beside every range: bronze folds to the source's rows."""
+    print(f"keyless ranges seed: {SEED} (rerun with CHANGELAKE_TEST_SEED={SEED})")
+    s = make_source("create table t (a int, b text, c text); alter table t replica identity full", ["t"])
+    s.execute(FILL.format(t="t", n=3000))
+    s.execute("delete from t where a between 600 and 1400")
+    s.execute("vacuum t")
+    src = s.config(snapshot={"max_parallel": 3, "split_rows": 1000})
+    prepare(src)
+    table = s.tables[0]
+    load = RangedWorkload(pg_dsn, table, SEED)
+    capture_once(warehouse, src, snapshots=True, page_rows=150, snapshot_hook=load)
+    capture_once(warehouse, src, snapshots=True)  # quiescent: the stream catches up
+
+    rows = read(warehouse / "bronze" / "snapshot_pages", f"source = '{s.name}'")
+    ((parts, ids, ended),) = whole_snapshots(rows).values()
+    assert parts == 3 and ids == ended and len(ids) == 3
+    assert load.ops >= 60
+    live, superseded = placed_fold(warehouse, s.name, table)
+    want = source_rows(s.conn, table)
+    assert any(n > 1 for n in want.values()), "the table holds duplicate rows"
+    assert Counter(canonical(r) for r in live.values()) == Counter(set(want))
+    assert superseded > 0, "writes between a page's read and its watermark were placed"
+    writers = read(warehouse / "bronze" / "stream_positions", f"source = '{s.name}'")
+    assert [w.writer_id for w in writers] == ["stream"]
+
+
+def test_keyless_block_ranges_resume_after_a_crash(warehouse: Path, make_source: Any) -> None:
+    """A range that failed mid-way, and the ranges stopped beside it, resume each after its last durable page."""
+    s = make_source("create table t (a int, b text, c text); alter table t replica identity full", ["t"])
+    s.execute(FILL.format(t="t", n=3000))
+    s.execute("vacuum t")
+    src = s.config(snapshot={"max_parallel": 3, "split_rows": 1000})
+    prepare(src)
+    table = s.tables[0]
+
+    def crash(point: str, task: Any, page: int) -> None:
+        if task.start is not None and point == "before_read" and page == 3:
+            raise SourceUnavailableError("stopped before page 3")
+
+    with pytest.raises(SourceUnavailableError, match="stopped before page 3"):
+        capture_once(warehouse, src, snapshots=True, page_rows=100, snapshot_hook=crash)
+    before = read(warehouse / "bronze" / "snapshot_pages", f"source = '{s.name}'")
+    ((parts, ids_before, ended),) = whole_snapshots(before).values()
+    assert parts == 3 and len(ids_before) == 3 and ended != ids_before, "cut, and stopped before its end"
+    capture_once(warehouse, src, snapshots=True, page_rows=100)
+
+    got, rows = Counter[str](), read(warehouse / "bronze" / "snapshot_pages", f"source = '{s.name}'")
+    ((parts, ids, ended),) = whole_snapshots(rows).values()
+    assert ids == ended == ids_before, "each range resumed, none started again"
+    got.update(canonical(r.record) for r in rows if r.record is not None)
+    assert got == source_rows(s.conn, table), "every row read exactly once across the crash"
+    writers = read(warehouse / "bronze" / "stream_positions", f"source = '{s.name}'")
+    assert [w.writer_id for w in writers] == ["stream"]
+
+
+def test_a_rewrite_under_keyless_block_ranges_starts_the_table_over_once(
+    warehouse: Path, make_source: Any, pg_dsn: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """VACUUM FULL while the ranges run: one new (cut) snapshot replaces every range, and the old never completes.
+
+    The first range's page is read before the rewrite and written after another range started the
+    table over: it is written (true at its watermark) but its range goes no further and its writer
+    row is not raised again (it would hold the safe bound back for good).
+    """
+    s = make_source("create table t (a int, b text, c text); alter table t replica identity full", ["t"])
+    s.execute(FILL.format(t="t", n=3000))
+    s.execute("delete from t where a % 2 = 0 and a < 1200")  # holes VACUUM FULL closes: rows move down
+    s.execute("vacuum t")
+    src = s.config(snapshot={"max_parallel": 3, "split_rows": 1000})
+    prepare(src)
+    table = s.tables[0]
+    started_over = threading.Event()
+    real = Snapshotter._start_over
+
+    def start_over(self: Snapshotter, task: Any, filenode: int | None) -> None:
+        real(self, task, filenode)
+        started_over.set()
+
+    monkeypatch.setattr(Snapshotter, "_start_over", start_over)
+    monkeypatch.setattr(snapshot, "POSITION_INTERVAL_S", 0.0)  # a range raises its row after every page
+    fired: list[bool] = []
+    other = psycopg.connect(pg_dsn, autocommit=True)
+
+    def rewrite(point: str, task: Any, page: int) -> None:
+        if task.start is None and point == "after_read" and page == 1 and not fired:
+            other.execute(f"vacuum full {table}")
+            fired.append(started_over.wait(30))  # another range meets the new file first
+
+    try:
+        capture_once(warehouse, src, snapshots=True, page_rows=100, snapshot_hook=rewrite)
+    finally:
+        other.close()
+    assert fired == [True]
+    assert sum("starts over" in r.getMessage() for r in caplog.records if r.levelname == "WARNING") == 1
+
+    rows = read(warehouse / "bronze" / "snapshot_pages", f"source = '{s.name}'")
+    snapshots = whole_snapshots(rows)
+    assert len(snapshots) == 2, "the table started over once, not once per range"
+    complete = {tid: v for tid, v in snapshots.items() if len(v[2]) == v[0]}
+    ((new, (parts, ids, ended)),) = complete.items()
+    assert parts == 3 and ids == ended, "the new snapshot is cut again and completes"
+    ((old_parts, old_ids, old_ended),) = [v for tid, v in snapshots.items() if tid != new]
+    assert old_parts == 3 and len(old_ended) < old_parts, "the old table snapshot never completes"
+    assert old_ids - old_ended, "the range that met the rewrite wrote no last page"
+    got = Counter(canonical(r.record) for r in rows if r.snapshot_id in ids and r.record is not None)
+    assert got == source_rows(s.conn, table)
+    writers = read(warehouse / "bronze" / "stream_positions", f"source = '{s.name}'")
+    assert [w.writer_id for w in writers] == ["stream"]

@@ -45,7 +45,7 @@ from ingest.sources.postgres import native
 from ingest.sources.postgres.admin import PostgresAdmin
 from ingest.sources.postgres.catalog import TableShape, captured_shape, estimate_rows, table_shape
 from ingest.sources.postgres.filters import predicate_problem
-from ingest.sources.postgres.pages import Hook, PageReader, Xids, page_encoders
+from ingest.sources.postgres.pages import MAX_TID_OFFSET, Hook, PageReader, Xids, page_encoders
 from ingest.sources.postgres.rereads import RereadKeys
 from ingest.sources.postgres.rows import json_keys
 from ingest.sources.postgres.values import TYPE_CATALOG_SQL, TypeCatalog
@@ -62,6 +62,20 @@ CONTROL_POLL_S = 0.25  # how often a run with snapshots to do reads `snapshot pa
 
 class SnapshotStopped(Exception):
     """Tells the snapshot threads of a `run` that is ending to stop after their current page."""
+
+
+def block_cuts(blocks: int, parts: int) -> list[int]:
+    """The first blocks of ranges 2..n when `blocks` blocks are cut into up to `parts` equal spans.
+
+    Ascending, without 0 or repeats: a table of fewer blocks than `parts` gets fewer ranges, one
+    of a single block (or none) is not cut.
+    """
+    return sorted({blocks * i // parts for i in range(1, parts)} - {0})
+
+
+def range_start(block: int) -> tuple[str, ...]:
+    """A CTID range's lower bound (exclusive) that starts it at `block`: after every row of the block before."""
+    return (f"({block - 1},{MAX_TID_OFFSET})",)
 
 
 @dataclass(slots=True)
@@ -345,7 +359,8 @@ class Snapshotter:
                 done = self._run_task(task, reader, admin, types, stop)
             if done or refusal is not None:
                 with self._lock:
-                    self.tasks.remove(task)
+                    if task in self.tasks:  # not if a range beside it started its table over meanwhile
+                        self.tasks.remove(task)
                     if done:
                         self.completed.append(task)
         except SourceError as e:
@@ -371,9 +386,9 @@ class Snapshotter:
         """
         est = task.estimated_rows or 0
         cuts: list[tuple[str, ...]] = []
-        if self.max_parallel > 1 and est > self.src.snapshot.split_rows and not shape.partitioned and not task.where:
-            # Not for a snapshot that resumes after pages: its ranges below its last key are read.
-            cuts = reader.split_keys(shape, self.max_parallel, est) if task.until and task.after is None else []
+        # Not for a snapshot that resumes after pages: its ranges below its last key are read.
+        if self._splits(task, shape) and task.until and task.after is None:
+            cuts = reader.split_keys(shape, self.max_parallel, est)
         if not cuts:
             return
         bounds = [*cuts, task.until]
@@ -400,6 +415,63 @@ class Snapshotter:
             self.writer.raise_positions(self._rows_of([task, *parts]))
             self.tasks.extend(parts)
         log.info("snapshot split source=%s table=%s ranges=%d", self.src.name, task.table, len(bounds))
+
+    def _splits(self, task: SnapshotTask, shape: TableShape) -> bool:
+        """Whether `task` is cut into ranges: a whole-table snapshot of more than `split_rows` estimated rows.
+
+        A filtered snapshot is not (its rows may sit anywhere), nor one that stopped reading the
+        whole table (the table gained or lost its key under it: each of its ranges reads the table
+        again, and cutting each again would multiply them), nor a partitioned table.
+        """
+        est = task.estimated_rows or 0
+        return (
+            self.max_parallel > 1
+            and est > self.src.snapshot.split_rows
+            and task.whole
+            and not task.where
+            and not shape.partitioned
+        )
+
+    def _split_blocks(self, task: SnapshotTask, shape: TableShape, blocks: int) -> list[SnapshotTask]:
+        """Cut a large keyless table's `blocks` into ranges, each its own snapshot writer; `task` keeps the first.
+
+        The CTID counterpart of `_split`: `max_parallel` equal block spans of the block count the
+        bound read, range i paging from its first block (`start`, the TID after the block before
+        it) up to the next range's (`until`), every range in the same file and carrying the one
+        whole-table snapshot `task` took the bound of. The caller registers them with `task`'s new
+        bound in one commit.
+        """
+        cuts = block_cuts(blocks, self.max_parallel) if self._splits(task, shape) and task.after is None else []
+        if not cuts:
+            return []
+        bounds = [*cuts, blocks]
+        est = (task.estimated_rows or 0) // len(bounds)
+        whole = replace(task.table_snapshot, parts=len(bounds)) if task.table_snapshot is not None else None
+        parts = [
+            SnapshotTask(
+                task.table,
+                uuid.uuid4().hex,
+                task.started_at,
+                task.durable_lsn,
+                estimated_rows=est,
+                after=range_start(lo),
+                until=(str(hi),),
+                bounded=True,
+                start=range_start(lo),
+                relfilenode=task.relfilenode,
+                span_blocks=task.span_blocks,
+                whole=task.whole,
+                table_snapshot=whole,
+            )
+            for lo, hi in zip(cuts, bounds[1:], strict=True)
+        ]
+        task.until, task.estimated_rows, task.table_snapshot = (str(cuts[0]),), est, whole
+        return parts
+
+    def _abandoned(self, task: SnapshotTask) -> bool:
+        """Whether a range beside `task` started their table over (a rewrite): `task` writes nothing more."""
+        with self._lock:
+            return task not in self.tasks
 
     def _run_task(
         self,
@@ -432,7 +504,7 @@ class Snapshotter:
                 # It had begun reading in the other order (a keyless table's keys are its every
                 # column): no page of it, from here on either, says it read the whole table.
                 task.whole, task.table_snapshot = False, None
-            task.after, task.until, task.bounded, task.relfilenode = None, None, False, None
+            task.after, task.until, task.bounded, task.relfilenode, task.start = None, None, False, None, None
         if task.estimated_rows is None:
             task.estimated_rows = estimate_rows(admin, task.table)
         if by_ctid and not task.bounded:
@@ -445,6 +517,8 @@ class Snapshotter:
         t0, rows0 = time.monotonic(), task.rows
         last_raise = 0.0
         while not should_stop():
+            if by_ctid and self._abandoned(task):
+                return False
             if self.writer.snapshot_control_version() != self._control_version:
                 self._read_control()  # a command since the last read: a pause stops before the next page
             if task.paused:  # the run's scheduler raises its row while it waits (`_raise_paused`)
@@ -488,6 +562,10 @@ class Snapshotter:
                 ),
             )
             faults.hit("snapshot_after_page_commit")
+            if by_ctid and self._abandoned(task):
+                # Its page was read before the rewrite (each row true at its watermark); its writer
+                # row is gone and must stay gone: no raise, no retire.
+                return False
             task.pages, task.rows = page + 1, task.rows + read.count
             if by_ctid:
                 task.after = read.after
@@ -522,17 +600,25 @@ class Snapshotter:
         return False
 
     def _bound_by_ctid(self, task: SnapshotTask, reader: PageReader, shape: TableShape) -> None:
-        """Bound a keyless table's snapshot by its block count now, and record the file it reads.
+        """Bound a keyless table's snapshot by its block count now, record the file it reads, and cut it.
 
         Recorded in the writer row before the first page: a snapshot resumed after a rewrite of
         the table (its CTIDs all new) must know, or it would go on at a TID that means other rows.
+        A large table is cut into block ranges (`_split_blocks`), registered in the same commit:
+        a crash leaves either the whole table unbounded or every range registered.
         """
         end, task.relfilenode, per_block, xids = reader.ctid_bounds(shape)
         task.until, task.bounded = (str(end),), True
         self._take_table_snapshot(task, xids)
         task.span_blocks = max(1, self.page_rows // max(1, per_block))
+        parts = self._split_blocks(task, shape, end)
         with self._lock:
-            self.writer.raise_positions(self._rows_of([task]))
+            self.writer.raise_positions(self._rows_of([task, *parts]))
+            self.tasks.extend(parts)
+        if parts:
+            log.info(
+                "snapshot split source=%s table=%s ranges=%d blocks=%d", self.src.name, task.table, len(parts) + 1, end
+            )
 
     @staticmethod
     def _take_table_snapshot(task: SnapshotTask, xids: Xids) -> None:
@@ -549,32 +635,54 @@ class Snapshotter:
 
         VACUUM FULL, CLUSTER or a rewriting ALTER TABLE gives every row a new CTID, so rows not read
         yet may now sit below the cursor. The pages written stay (each row was the table's at its
-        watermark); the new snapshot reads the new file from its first block. It is registered
-        before the old writer is removed: a crash between leaves both, and the old one starts over
+        watermark); the new snapshot reads the new file from its first block, bounds it again and
+        is cut again if large. A table cut into block ranges starts over once, as one snapshot:
+        the first range to meet the new file removes every range of its whole-table snapshot, and
+        the others, which may be reading a page meanwhile, write no more after it (`_abandoned`).
+        The range that met the file never writes its last page, so the old whole-table snapshot
+        never completes (its absent keys are never looked for). The new one is registered before
+        the old writers are removed: a crash between leaves both, and an old one starts over
         again when it meets the new file.
         """
-        prefix = FILTERED_SNAPSHOT_PREFIX if task.where is not None else ""
-        new = SnapshotTask(
-            task.table,
-            prefix + uuid.uuid4().hex,
-            task.started_at,
-            task.durable_lsn,
-            where=task.where,
-            whole=task.where is None,
-        )
         with self._lock:
+            if task not in self.tasks:
+                return  # a range beside it met the new file first and started the table over
+            whole = task.table_snapshot
+            old = [
+                t
+                for t in self.tasks
+                if t is task
+                or (
+                    whole is not None
+                    and t.table == task.table
+                    and t.table_snapshot is not None
+                    and t.table_snapshot.snapshot_id == whole.snapshot_id
+                )
+            ]
+            prefix = FILTERED_SNAPSHOT_PREFIX if task.where is not None else ""
+            new = SnapshotTask(
+                task.table,
+                prefix + uuid.uuid4().hex,
+                task.started_at,
+                min(t.durable_lsn for t in old),
+                where=task.where,
+                whole=task.where is None,
+            )
             self.writer.raise_positions([(new.position(self.src.name), new.started_at)])
-            self.writer.remove_writer(self.src.name, task.writer_id)
-            self.tasks.remove(task)
+            for t in old:
+                self.writer.remove_writer(self.src.name, t.writer_id)
+                self.tasks.remove(t)
             self.tasks.append(new)
         log.warning(
             "snapshot source=%s table=%s snapshot_id=%s: the table was rewritten (file %s, now %s), so its rows "
-            "have new CTIDs; its snapshot starts over as snapshot_id=%s",
+            "have new CTIDs; its snapshot (%d range%s) starts over as snapshot_id=%s",
             self.src.name,
             task.table,
             task.snapshot_id,
             task.relfilenode,
             filenode,
+            len(old),
+            "" if len(old) == 1 else "s",
             new.snapshot_id,
         )
 
@@ -625,6 +733,8 @@ class Snapshotter:
         watermark after `lsn`; so the stream goes on and the safe bound with it while it waits.
         """
         with self._lock:
+            # Not one a start-over removed since the caller listed it: its row must stay gone.
+            tasks = [t for t in tasks if t in self.tasks]
             for t in tasks:
                 t.durable_lsn = max(t.durable_lsn, lsn)
             self.writer.raise_positions(self._rows_of(tasks))
