@@ -195,6 +195,9 @@ class Snapshotter:
         self.max_parallel = src.snapshot.max_parallel
         self._lock = threading.Lock()  # the task list and writer rows, shared by the snapshot threads
         self._control_version: int | None = None  # the snapshot_control version the pauses were read at
+        # Writers a start-over replaced: a `load` that read their rows before they were removed
+        # must not take them up again (each would start the table over once more).
+        self._replaced: set[str] = set()
 
     # -- registration ----------------------------------------------------------------------
     def load(self, positions: SourcePositions | None = None) -> list[SnapshotTask]:
@@ -209,7 +212,7 @@ class Snapshotter:
         read = positions.rows if positions is not None else self.writer.positions(self.src.name)
         rows = [pos for pos, _ in read if pos.writer_kind is WriterKind.SNAPSHOT]
         with self._lock:  # a snapshot thread may have retired one of these rows since they were read
-            known = {t.writer_id for t in [*self.tasks, *self.completed]}
+            known = {t.writer_id for t in [*self.tasks, *self.completed]} | self._replaced
             self.tasks.extend(
                 SnapshotTask.from_position(p, datetime.now(UTC)) for p in rows if p.writer_id not in known
             )
@@ -672,6 +675,7 @@ class Snapshotter:
             for t in old:
                 self.writer.remove_writer(self.src.name, t.writer_id)
                 self.tasks.remove(t)
+                self._replaced.add(t.writer_id)
             self.tasks.append(new)
         log.warning(
             "snapshot source=%s table=%s snapshot_id=%s: the table was rewritten (file %s, now %s), so its rows "
