@@ -122,6 +122,10 @@ def test_ingest_and_dbt_build_reproduce_the_source(warehouse: Path, make_source:
     toast.execute("update docs set n = 1 where id = 2")
     capture_once(warehouse, toast.config(snapshot={"initial": False}), snapshots=True)
     dbt(warehouse, "build")
+    # The first build of the folds is a full one: the as_of check (full_check_only) ran, on whole tables.
+    singular = warehouse.parent / "dbt-target" / "run" / "changelake" / "tests" / "dbt"
+    as_of_check = singular / "assert_as_of_now_is_live_consumer_records.sql"
+    assert "as_of_versions" in as_of_check.read_text(), as_of_check.read_text()
     check_equal(warehouse, s)
     check_event_log(warehouse, s)
     doc = {r.record_pk: r for r in silver(warehouse, "consumer_records") if r.source == toast.name}
@@ -174,9 +178,11 @@ def test_ingest_and_dbt_build_reproduce_the_source(warehouse: Path, make_source:
         assert "moved_toast_sources" not in (models / f"{model}.sql").read_text(), model
     # The singular whole-table checks read the tables this build's change batch touched (both folds
     # read the batch: macro changelake_touched_tables_predicate).
-    singular = warehouse.parent / "dbt-target" / "run" / "changelake" / "tests" / "dbt"
     scoped = (singular / "assert_record_history_versions_follow_each_other.sql").read_text()
     assert f"(scoped.source = '{s.name}' and scoped.table_schema = " in scoped, scoped
+    # The as_of check is the nightly one (full_check_only): this batch build passed it without a query.
+    assert "as_of_versions" not in as_of_check.read_text(), as_of_check.read_text()
+    assert "cast(0 as bigint) as failures" in as_of_check.read_text()
     history_test = compiled_test(compiled.parent / "_record_history.yml", "changelake_rules_", "record_history")
     assert this_run not in history_test and touched in history_test, history_test
     check_equal(warehouse, s)
