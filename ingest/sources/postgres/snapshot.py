@@ -679,15 +679,15 @@ class Snapshotter:
             self.tasks.append(new)
         log.warning(
             "snapshot source=%s table=%s snapshot_id=%s: the table was rewritten (file %s, now %s), so its rows "
-            "have new CTIDs; its snapshot (%d range%s) starts over as snapshot_id=%s",
+            "have new CTIDs; its snapshot starts over as snapshot_id=%s (replacing %d unfinished writer%s)",
             self.src.name,
             task.table,
             task.snapshot_id,
             task.relfilenode,
             filenode,
+            new.snapshot_id,
             len(old),
             "" if len(old) == 1 else "s",
-            new.snapshot_id,
         )
 
     def _raise(self, task: SnapshotTask, hw: int) -> None:
