@@ -33,8 +33,24 @@ class MaxBy:
         return None if self.best is None else self.best[0]
 
 
-def violations(silver: list[tuple[str, int, int, str, int]], bronze: list[Event]) -> list[tuple[Any, ...]]:
-    """The check's failing rows as (source, commit_lsn, commit_index, violation), sorted."""
+def violations(
+    silver: list[tuple[str, int, int, str, int]], bronze: list[Event], ranges: dict[str, tuple[int, int]] | None = None
+) -> list[tuple[Any, ...]]:
+    """The check's failing rows as (source, commit_lsn, commit_index, violation), sorted.
+
+    `ranges`: a batch build's range per source, (loaded bound before the run, the run's safe
+    bound], as macro changelake_run_rows_predicate writes it; whole tables without.
+    """
+
+    def run_rows(qualifier: str | None = None) -> str:
+        if ranges is None:
+            return "true"
+        p = f"{qualifier}." if qualifier else ""
+        terms = [
+            f"({p}source = '{s}' and {p}commit_lsn > {lo} and {p}commit_lsn <= {hi})" for s, (lo, hi) in ranges.items()
+        ]
+        return "(" + (" or ".join(terms) or "false") + ")"
+
     sql = (
         Environment()
         .from_string(CHECK.read_text())
@@ -42,6 +58,7 @@ def violations(silver: list[tuple[str, int, int, str, int]], bronze: list[Event]
             config=lambda **_: "",
             ref=lambda name: f"{name}_t",
             source=lambda _, name: f"{name}_t",
+            changelake_run_rows_predicate=run_rows,
         )
     )
     db = sqlite3.connect(":memory:")
@@ -85,3 +102,39 @@ def test_a_seq_that_is_not_the_position_rank_fails() -> None:
         ("a", 10, 1, "seq is not the position rank"),
         ("a", 20, 0, "seq is not the position rank"),
     ]
+
+
+# A batch build: source a loaded through 10 before the run, which loaded through 30 (b through 5).
+HISTORY_BRONZE: list[Event] = [*BRONZE, ("a", 25, 0, "insert"), ("a", 30, 0, "update")]
+HISTORY_SILVER = [*SILVER, ("a", 25, 0, "insert", 4), ("a", 30, 0, "update", 5)]
+RUN = {"a": (10, 30), "b": (0, 5)}
+
+
+def test_a_batch_build_checks_its_range_and_counts_the_rank_on_from_the_seq_below() -> None:
+    assert violations(HISTORY_SILVER, HISTORY_BRONZE, RUN) == []
+    # seq must go on from the largest seq below the range (2 at position 10/1): 3, 4, 5.
+    renumbered = [
+        *SILVER[:2],
+        ("a", 20, 0, "delete", 4),
+        SILVER[3],
+        ("a", 25, 0, "insert", 5),
+        ("a", 30, 0, "update", 6),
+    ]
+    assert violations(renumbered, HISTORY_BRONZE, RUN) == [
+        ("a", 20, 0, "seq is not the position rank"),
+        ("a", 25, 0, "seq is not the position rank"),
+        ("a", 30, 0, "seq is not the position rank"),
+    ]
+    # In the range: an event silver lost, and one bronze does not hold.
+    lost = [r for r in HISTORY_SILVER if r[1] != 25]
+    assert ("a", 25, 0, "missing below the loaded position") in violations(lost, HISTORY_BRONZE, RUN)
+    extra = [*HISTORY_SILVER, ("a", 30, 1, "delete", 6)]
+    assert violations(extra, HISTORY_BRONZE, RUN) == [("a", 30, 1, "not in bronze")]
+
+
+def test_below_the_range_is_the_nightly_checks() -> None:
+    """An event appended to bronze below an earlier run's bound is outside every later range: the
+    whole-table check (nightly, or a dbt test that built nothing) finds it, a batch build does not."""
+    late = [*HISTORY_BRONZE, ("a", 5, 0, "insert")]
+    assert violations(HISTORY_SILVER, late, RUN) == []
+    assert ("a", 5, 0, "missing below the loaded position") in violations(HISTORY_SILVER, late)
