@@ -9,6 +9,9 @@
 //! refused with a ValueError, and the Python decoder then decodes that message and names the
 //! problem.
 
+use std::ffi::{c_char, c_int, c_void};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -231,6 +234,37 @@ fn push_offset(offsets: &mut Vec<u8>, len: usize) -> Result<(), Refusal> {
 
 const OFFSET_BYTES: usize = 4; // an Arrow string column's int32 offset
 
+/// libpq's `int PQgetCopyData(PGconn *conn, char **buffer, int async)`.
+type GetCopyData = unsafe extern "C" fn(*mut c_void, *mut *mut c_char, c_int) -> c_int;
+/// libpq's `void PQfreemem(void *ptr)`.
+type FreeMem = unsafe extern "C" fn(*mut c_void);
+
+const COPY_MORE: i32 = 0; // `read_copy` handed back refused lines; the COPY goes on
+const COPY_END: i32 = -1; // PQgetCopyData: the COPY is done (its result follows)
+const COPY_FAILED: i32 = -2; // PQgetCopyData: an error (PQerrorMessage)
+
+/// `PageBuilder.read_copy`'s (status, cut, refused lines, panic message).
+type ReadCopyResult<'py> = (i32, bool, Option<Bound<'py, PyBytes>>, Option<String>);
+
+/// What `PageBuilder::read_copy_lines` read up to its return.
+struct CopyRead {
+    status: i32,
+    cut: bool,
+    refused: Vec<u8>,
+    panic: Option<String>,
+}
+
+/// A caught panic's message (a panic payload is a &str or a String when it came from `panic!`).
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".to_owned()
+    }
+}
+
 /// How much of a PageBuilder holds whole rows: what `restore` goes back to.
 #[derive(Clone, Copy, Default)]
 struct Kept {
@@ -259,10 +293,11 @@ struct PageBuilder {
     key_text: String,
     key_offsets: Vec<u8>,
     kept: Kept,
+    encoder: Py<RowEncoder>, // the relation whose rows `read_copy` encodes
 }
 
 impl PageBuilder {
-    fn new(key_width: usize) -> Self {
+    fn new(key_width: usize, encoder: Py<RowEncoder>) -> Self {
         let zero = 0i32.to_le_bytes().to_vec();
         PageBuilder {
             key_width,
@@ -275,6 +310,7 @@ impl PageBuilder {
             key_text: String::new(),
             key_offsets: zero,
             kept: Kept::default(),
+            encoder,
         }
     }
 
@@ -309,6 +345,69 @@ impl PageBuilder {
         self.record_offsets.truncate((k.count + 1) * OFFSET_BYTES);
         self.key_offsets.truncate((k.count * self.key_width + 1) * OFFSET_BYTES);
     }
+
+    /// Read a COPY ... TO STDOUT (text format) from libpq, one CopyData message at a time, encoding
+    /// its lines onto the page (`RowEncoder::copy_into_page`) until the stream ends, fails, or a
+    /// message is refused. After the page's budget cut it (`cut`) the stream's later lines are
+    /// read and dropped. A refused message (or one whose encoding panicked) and the lines after
+    /// it, up to `chunk_rows` messages or `chunk_bytes` bytes, are handed back raw with the page
+    /// as it was before that message: the caller encodes them in Python and calls again.
+    ///
+    /// Safety: `conn` is a live PGconn in the COPY OUT state, and `functions` are PQgetCopyData
+    /// and PQfreemem of the libpq that made it; nothing else uses the connection meanwhile.
+    unsafe fn read_copy_lines(
+        &mut self,
+        encoder: &RowEncoder,
+        conn: *mut c_void,
+        functions: (GetCopyData, FreeMem),
+        max_chars: u64,
+        mut cut: bool,
+        chunk: (usize, usize),
+    ) -> CopyRead {
+        let (get_copy_data, freemem) = functions;
+        let (chunk_rows, chunk_bytes) = chunk;
+        let mut refused = Vec::new();
+        let mut refused_rows = 0usize;
+        let mut panic = None;
+        loop {
+            let mut buf: *mut c_char = std::ptr::null_mut();
+            let n = get_copy_data(conn, &mut buf, 0);
+            if n < 0 {
+                if !buf.is_null() {
+                    freemem(buf.cast());
+                }
+                let status = if n == COPY_END { COPY_END } else { COPY_FAILED };
+                return CopyRead { status, cut, refused, panic };
+            }
+            let message: &[u8] = if buf.is_null() { &[] } else { std::slice::from_raw_parts(buf.cast::<u8>(), n as usize) };
+            if refused_rows > 0 {
+                refused.extend_from_slice(message);
+                refused_rows += 1;
+            } else if !cut && !message.is_empty() {
+                let page = &mut *self;
+                match catch_unwind(AssertUnwindSafe(|| encoder.copy_into_page(page, message, max_chars))) {
+                    Ok(Ok(ended)) => cut = ended,
+                    Ok(Err(_)) => {
+                        self.restore();
+                        refused.extend_from_slice(message);
+                        refused_rows = 1;
+                    }
+                    Err(payload) => {
+                        self.restore();
+                        panic = Some(panic_text(payload.as_ref()));
+                        refused.extend_from_slice(message);
+                        refused_rows = 1;
+                    }
+                }
+            }
+            if !buf.is_null() {
+                freemem(buf.cast());
+            }
+            if refused_rows > 0 && (refused_rows >= chunk_rows || refused.len() >= chunk_bytes) {
+                return CopyRead { status: COPY_MORE, cut, refused, panic };
+            }
+        }
+    }
 }
 
 #[pymethods]
@@ -316,6 +415,50 @@ impl PageBuilder {
     /// Rows kept so far.
     fn __len__(&self) -> usize {
         self.kept.count
+    }
+
+    /// Read the rows of the COPY ... TO STDOUT (text format) that libpq connection `conn` is
+    /// receiving onto this page, without the GIL, with libpq's `PQgetCopyData` and `PQfreemem` at
+    /// the addresses `get_copy_data` and `freemem` (of the very libpq that made `conn`: a PGconn
+    /// is opaque). Rows stop being kept at the one that would take the page's record JSON past
+    /// `max_chars` characters (`cut`, as `copy_into`); the stream's later lines are then read and
+    /// dropped. `cut`: the page was already cut.
+    ///
+    /// Returns (status, cut, refused, panic). status -1: the COPY ended (the caller reads its
+    /// result); -2: libpq failed to read it (PQerrorMessage says why); 0: `refused` holds whole
+    /// lines the compiled encoder refused (or panicked on: `panic` says how) starting at the
+    /// first such line, at most `chunk_rows` messages or `chunk_bytes` bytes, which the caller
+    /// encodes and appends before calling again. With -1 or -2, `refused` may hold lines too.
+    /// Addresses of 0 are refused with ValueError; any other wrong address is undefined behaviour.
+    #[allow(clippy::too_many_arguments)]
+    fn read_copy<'py>(
+        &mut self,
+        py: Python<'py>,
+        conn: usize,
+        get_copy_data: usize,
+        freemem: usize,
+        max_chars: u64,
+        cut: bool,
+        chunk_rows: usize,
+        chunk_bytes: usize,
+    ) -> PyResult<ReadCopyResult<'py>> {
+        if conn == 0 || get_copy_data == 0 || freemem == 0 {
+            return Err(PyValueError::new_err("read_copy needs a connection and libpq's functions"));
+        }
+        // SAFETY: the caller passes libpq's PQgetCopyData and PQfreemem (non-null, checked above).
+        let functions = unsafe {
+            (std::mem::transmute::<usize, GetCopyData>(get_copy_data), std::mem::transmute::<usize, FreeMem>(freemem))
+        };
+        let encoder = self.encoder.clone_ref(py);
+        let encoder = encoder.get();
+        self.restore();
+        let chunk = (chunk_rows.max(1), chunk_bytes.max(1));
+        // SAFETY: `conn` is the live PGconn in COPY OUT the caller owns; it waits for this call.
+        let read = py.detach(|| unsafe {
+            self.read_copy_lines(encoder, conn as *mut c_void, functions, max_chars, cut, chunk)
+        });
+        let refused = (!read.refused.is_empty()).then(|| PyBytes::new(py, &read.refused));
+        Ok((read.status, read.cut, refused, read.panic))
     }
 
     /// Append rows encoded in Python, (record_pk, record, key texts) each, with `copy_into`'s page
@@ -650,9 +793,9 @@ impl RowEncoder {
         self.copy_page(buf).map_err(PyValueError::new_err)
     }
 
-    /// An empty snapshot page of this relation's rows, for `copy_into`.
-    fn page(&self) -> PageBuilder {
-        PageBuilder::new(self.pk_idx.len())
+    /// An empty snapshot page of this relation's rows, for `copy_into` and its own `read_copy`.
+    fn page(slf: &Bound<'_, Self>) -> PageBuilder {
+        PageBuilder::new(slf.get().pk_idx.len(), slf.clone().unbind())
     }
 
     /// Append the rows of a buffer of whole COPY ... TO STDOUT text-format lines to `page`, until the

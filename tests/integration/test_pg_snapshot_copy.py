@@ -1,17 +1,19 @@
 """Snapshot pages read by COPY and the compiled encoder land in bronze as the cursor-read Python pages do.
 
-The same table is snapshotted with the compiled encoder (COPY pages as Arrow buffers, no row
-objects), without it (the Python path every page took before), and with the compiled encoder
-refusing every other buffer (pages mixing its buffers with rows Python encoded): bronze's page
-rows must be equal byte for byte, keys with COPY's escaped characters included, and COPY pages
-must keep the page byte budget.
+The same table is snapshotted with the compiled code receiving the COPY from libpq (COPY pages as
+Arrow buffers, no Python per line), with Python receiving it and the compiled encoder taking its
+buffers (where libpq's functions are not found), without the compiled encoder (the Python path
+every page took before), with the compiled encoder refusing every other buffer, and with the
+compiled receiver refusing the lines of one column's values (pages mixing its rows with rows
+Python encoded): bronze's page rows must be equal byte for byte, keys with COPY's escaped
+characters included, and COPY pages must keep the page byte budget.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -25,7 +27,7 @@ from tests.helpers.pg import capture_once, prepare
 pytestmark = pytest.mark.integration
 
 TABLE = """create table t (
-    k1 text, k2 int, f float8, b boolean, n numeric, ts timestamptz, v varchar(20), big bigint,
+    k1 text, k2 int, f float8, b boolean, n numeric, ts timestamptz, v varchar(20), big bigint, tag text,
     primary key (k1, k2)
 )"""
 # Keys and values COPY writes as escapes (tab, newline, backslash, carriage return), quotes,
@@ -39,8 +41,10 @@ ROWS = """insert into t
            g * 1.5,
            timestamptz '2024-01-02 03:04:05+00' + g * interval '1 second',
            case when g % 4 = 0 then null else 'v' || g end,
-           g::bigint * 1000000007
+           g::bigint * 1000000007,
+           case when g % 4 = 0 then 'x' || g end
     from generate_series(1, 95) g"""
+KIND_BOOL = 2  # native/src/lib.rs: a text column read as boolean refuses every value but NULL, t and f
 COLUMNS = ["page_number", "row_index", "last_page", "record_pk", "record", "key_text"]
 
 
@@ -49,17 +53,22 @@ def page_rows(warehouse: Path, source: str) -> list[tuple[Any, ...]]:
     return [tuple(getattr(r, c) for c in COLUMNS) for r in got]
 
 
-def snapshot(
-    warehouse: Path, src: Any, monkeypatch: pytest.MonkeyPatch, compiled: bool, refuse_every_other: bool = False
-) -> int:
+Mode = Literal["python", "native", "lines", "refuse_buffers", "refuse_lines"]
+
+
+def snapshot(warehouse: Path, src: Any, monkeypatch: pytest.MonkeyPatch, mode: Mode) -> int:
     """Snapshot `src` into `warehouse`; how many pages were read by COPY (each one as columns).
 
-    `refuse_every_other`: COPY buffers of 3 lines, every other one refused by the compiled
-    encoder, so a page holds its buffers and Python's rows in turn.
+    `python`: no compiled encoder. `native`: the compiled code receives each COPY from libpq.
+    `lines`: libpq's functions not found, Python receives the lines. `refuse_buffers`: as `lines`
+    with COPY buffers of 3 lines, every other one refused by the compiled encoder. `refuse_lines`:
+    the compiled receiver reads column `tag` as a boolean, so it refuses each row with a tag
+    value (a fourth of them) and Python encodes that line and up to 2 after it.
     """
     copies = []
-    real, real_into = PageReader._copy, GuardedEncoder.copy_into
-    into_calls = []
+    real, real_into, real_read = PageReader._copy, GuardedEncoder.copy_into, native.read_copy
+    into_calls: list[int] = []
+    reads: list[bytes | None] = []
 
     def counted(self: PageReader, *args: Any) -> Any:
         out = real(self, *args)
@@ -69,19 +78,43 @@ def snapshot(
 
     def refusing(self: GuardedEncoder, page: Any, buf: bytes, max_chars: int) -> bool:
         into_calls.append(1)
-        if len(into_calls) % 2:
+        if mode == "refuse_buffers" and len(into_calls) % 2:
             raise ValueError("refused by the test")
         return real_into(self, page, buf, max_chars)
 
+    def read_copy(*args: Any) -> Any:
+        out = real_read(*args)
+        reads.append(out[2])
+        return out
+
+    real_encoder = native._RowEncoder
+
+    def tag_as_bool(codes: list[int], keys: list[str], names: list[str], pk: list[int]) -> Any:
+        return real_encoder(
+            [KIND_BOOL if n == "tag" else c for c, n in zip(codes, names, strict=True)], keys, names, pk
+        )
+
     with monkeypatch.context() as m:
         m.setattr(PageReader, "_copy", counted)
-        if not compiled:
+        m.setattr(GuardedEncoder, "copy_into", refusing)
+        m.setattr(native, "read_copy", read_copy)
+        if mode == "python":
             m.setattr(native, "_RowEncoder", None)
-        if refuse_every_other:
+        if mode in ("lines", "refuse_buffers"):
+            m.setattr(native, "copy_functions", lambda: None)
+        if mode in ("refuse_buffers", "refuse_lines"):
             m.setattr(pages, "COPY_CHUNK_ROWS", 3)
-            m.setattr(GuardedEncoder, "copy_into", refusing)
+        if mode == "refuse_lines":
+            m.setattr(native, "_RowEncoder", tag_as_bool)
         capture_once(warehouse, src, snapshots=True, page_rows=10)
-    assert not refuse_every_other or len(into_calls) > len(copies)
+    if mode in ("native", "refuse_lines"):
+        assert not into_calls and len(reads) >= len(copies)
+        refused = [r for r in reads if r is not None]
+        assert (mode == "refuse_lines") == bool(refused)
+        # Each refusal hands back the refused line and at most 2 after it, the first one with a tag.
+        assert all(0 < r.count(b"\n") <= 3 and b"\tx" in r.split(b"\n")[0] for r in refused)
+    if mode in ("lines", "refuse_buffers"):
+        assert not reads and len(into_calls) >= len(copies) + (mode == "refuse_buffers") * len(copies)
     return len(copies)
 
 
@@ -91,13 +124,14 @@ def test_copy_pages_are_byte_identical_to_python_pages(
     s = make_source(TABLE, ["t"])
     s.execute(ROWS)
     prepare(s.config())
-    assert snapshot(tmp_path / "python", s.config(), monkeypatch, compiled=False) == 0
+    assert snapshot(tmp_path / "python", s.config(), monkeypatch, "python") == 0
+    slow = page_rows(tmp_path / "python", s.name)
+    assert len(slow) == 95
     # Every page after the first (which measures the table's record width) is read by COPY.
-    assert snapshot(tmp_path / "compiled", s.config(), monkeypatch, compiled=True) == 9
-    assert snapshot(tmp_path / "mixed", s.config(), monkeypatch, compiled=True, refuse_every_other=True) == 9
-    slow, fast = page_rows(tmp_path / "python", s.name), page_rows(tmp_path / "compiled", s.name)
-    assert len(fast) == 95 and fast == slow
-    assert page_rows(tmp_path / "mixed", s.name) == slow
+    for mode in ("native", "lines", "refuse_buffers", "refuse_lines"):
+        assert snapshot(tmp_path / mode, s.config(), monkeypatch, mode) == 9, mode
+        assert page_rows(tmp_path / mode, s.name) == slow, mode
+    fast = page_rows(tmp_path / "native", s.name)
     keys = {tuple(r[5]) for r in fast}
     assert ("a\tb", "6") in keys and ("back\\slash", "2") in keys and ("line\nbreak", "1") in keys
     rec = next(json.loads(r[4]) for r in fast if r[5] == ["grüße ☃", "4"])

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import psycopg
 from psycopg import pq, sql
 
 from ingest.capture.retry import transient_libpq_message, transient_sqlstate
@@ -19,7 +20,7 @@ from ingest.config import PostgresSource
 from ingest.errors import SourceError, SourceUnavailableError
 from ingest.events import PageColumns, SnapshotRow, lsn_to_int
 from ingest.positions import KeyValues
-from ingest.sources.postgres import copy_text
+from ingest.sources.postgres import copy_text, native
 from ingest.sources.postgres.admin import connect
 from ingest.sources.postgres.catalog import TableShape
 from ingest.sources.postgres.filters import filter_sql
@@ -437,21 +438,69 @@ class PageReader:
     def _copy(
         self, query: bytes, shape: TableShape, encoders: Sequence[Encoder], compiled: Any, max_bytes: int
     ) -> tuple[PageColumns, bool]:
-        """The page's rows by `COPY (query) TO STDOUT`, as columns, encoded COPY_CHUNK_ROWS lines at a time.
+        """The page's rows by `COPY (query) TO STDOUT`, as columns.
 
-        The compiled encoder appends each buffer's rows to the page's Arrow buffers (native/); one
-        it refuses is encoded in Python (copy_text.py), which raises the error a user sees, and
-        those rows are appended instead. The page ends before the row that would take it past
-        `max_bytes`, as a cursor-read page does; the COPY's later lines are then read and dropped
-        (the page's limit was sized from the table's width, so few are). Returns the page's
-        columns and whether the byte budget ended it.
+        The compiled code receives the COPY from libpq and appends its rows to the page's Arrow
+        buffers (native/, `_copy_native`); where libpq's functions are not found, Python receives
+        the lines and hands them to the compiled encoder COPY_CHUNK_ROWS at a time
+        (`_copy_lines`). Either way lines it refuses are encoded in Python (copy_text.py), which
+        raises the error a user sees, and those rows are appended instead. The page ends before
+        the row that would take it past `max_bytes`, as a cursor-read page does; the COPY's later
+        lines are then read and dropped (the page's limit was sized from the table's width, so
+        few are). Returns the page's columns and whether the byte budget ended it.
         """
         res = self.conn.exec_(b"COPY (" + query + b") TO STDOUT")
         if res.status != pq.ExecStatus.COPY_OUT:
             self._exec_result(res)
-        table = f"{shape.schema}.{shape.name}"
-        keys_json = json_keys(shape.columns)
         page = compiled.page()
+        functions = native.copy_functions()
+        if functions is None:
+            cut = self._copy_lines(shape, encoders, compiled, page, max_bytes)
+        else:
+            cut = self._copy_native(shape, encoders, compiled, page, functions, max_bytes)
+        while (end := self.conn.get_result()) is not None:
+            self._exec_result(end)
+        count, chars, pk_offsets, pk, offsets, record, key_lists, key_offsets, keys, last = compiled.buffers(page)
+        pk_column, record_column, key_column = (pk_offsets, pk), (offsets, record), (key_offsets, keys)
+        return PageColumns(count, chars, pk_column, record_column, key_lists, key_column, tuple(last)), cut
+
+    def _copy_native(
+        self,
+        shape: TableShape,
+        encoders: Sequence[Encoder],
+        compiled: Any,
+        page: Any,
+        functions: native.CopyFunctions,
+        max_bytes: int,
+    ) -> bool:
+        """Receive the COPY in the compiled code (no Python per line) until its end; whether the budget cut the page.
+
+        The compiled loop returns with lines it refused (at most COPY_CHUNK_ROWS or
+        COPY_CHUNK_BYTES from the first): they are encoded here and the loop goes on after them.
+        When libpq fails to read the COPY, psycopg's own error for it is raised.
+        """
+        table = f"{shape.schema}.{shape.name}"
+        cut = False
+        while True:
+            try:
+                status, cut, refused = native.read_copy(
+                    page, self.conn, functions, max_bytes, cut, (COPY_CHUNK_ROWS, COPY_CHUNK_BYTES), table
+                )
+            except ValueError as e:
+                # The COPY stopped at an unknown line: nothing of this page can be trusted.
+                self._abandon_copy()
+                raise SourceError(f"source {self.src.name!r}: snapshot page of {table} failed: {e}") from None
+            if status == native.COPY_FAILED:  # psycopg's error, raised where get_copy_data raised it
+                raise psycopg.OperationalError(f"receiving copy data failed: {self.conn.get_error_message()}")
+            if refused is not None:
+                cut = self._push_python(shape, encoders, compiled, page, refused, max_bytes)
+            if status == native.COPY_END:
+                return cut
+
+    def _copy_lines(
+        self, shape: TableShape, encoders: Sequence[Encoder], compiled: Any, page: Any, max_bytes: int
+    ) -> bool:
+        """Receive the COPY in Python, a line per call, encoded COPY_CHUNK_ROWS lines at a time; whether it was cut."""
         lines: list[memoryview | bytes] = []
         buffered = 0
         cut = False
@@ -466,15 +515,29 @@ class PageReader:
                 try:
                     cut = compiled.copy_into(page, buf, max_bytes)
                 except ValueError:
-                    got = copy_text.page_rows(table, keys_json, encoders, shape.columns, shape.key_positions, buf)
-                    cut = compiled.push_rows(page, [(r.record_pk, r.record, r.key_text) for r in got], max_bytes)
+                    cut = self._push_python(shape, encoders, compiled, page, buf, max_bytes)
             if n < 0:
-                break
-        while (end := self.conn.get_result()) is not None:
-            self._exec_result(end)
-        count, chars, pk_offsets, pk, offsets, record, key_lists, key_offsets, keys, last = compiled.buffers(page)
-        pk_column, record_column, key_column = (pk_offsets, pk), (offsets, record), (key_offsets, keys)
-        return PageColumns(count, chars, pk_column, record_column, key_lists, key_column, tuple(last)), cut
+                return cut
+
+    @staticmethod
+    def _push_python(
+        shape: TableShape, encoders: Sequence[Encoder], compiled: Any, page: Any, buf: bytes, max_bytes: int
+    ) -> bool:
+        """Encode whole COPY lines the compiled encoder refused in Python, onto `page`; whether its budget cut it."""
+        table = f"{shape.schema}.{shape.name}"
+        got = copy_text.page_rows(table, json_keys(shape.columns), encoders, shape.columns, shape.key_positions, buf)
+        return bool(compiled.push_rows(page, [(r.record_pk, r.record, r.key_text) for r in got], max_bytes))
+
+    def _abandon_copy(self) -> None:
+        """Read and drop the rest of a COPY, then its results, and roll the page's transaction back."""
+        try:
+            while self.conn.get_copy_data(0)[0] >= 0:
+                pass
+            while self.conn.get_result() is not None:
+                pass
+        finally:
+            if self.conn.status == pq.ConnStatus.OK and self.conn.transaction_status != pq.TransactionStatus.IDLE:
+                self.conn.exec_(b"ROLLBACK")
 
     def _check_types(self, shape: TableShape) -> None:
         """Fail the page (transiently) if a column's type is not the one its encoder was made for.
