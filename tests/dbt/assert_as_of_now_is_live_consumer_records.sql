@@ -2,10 +2,10 @@
 -- A check of the as_of macro on whole tables: the nightly full check (var changelake_full_tests), after a full
 -- build of a fold, and a `dbt test` that built nothing run it; a batch build passes it without a query
 -- (full_check_only, macro spark__get_test_sql). What a batch can break here is checked every run by
--- assert_record_history_current_versions_match_consumer_records (record_history's current versions are the
--- live consumer_records rows) and assert_record_history_versions_follow_each_other (each key's versions chain
--- without gap or overlap), on the tables the batch touched; as_of's answer from such a history is the
--- macro's code, which a batch does not change. It cost 16.7 s of a 100k-event build over 1M events.
+-- assert_record_history_is_the_timeline_of_consumer_records (record_history's current versions are
+-- the live consumer_records rows, and each key's versions chain without gap or overlap), on the tables
+-- the batch touched; as_of's answer from such a history is the macro's code, which a batch does not
+-- change. It cost 16.7 s of a 100k-event build over 1M events.
 -- The as_of macro at the present (a far-future timestamp, and each source's last position as an
 -- LSN) gives exactly the live consumer_records rows (DESIGN §6 history: a consistent state of a
 -- whole source at one position). tests/integration/test_dbt_flow.py checks an earlier position.

@@ -178,7 +178,7 @@ def test_ingest_and_dbt_build_reproduce_the_source(warehouse: Path, make_source:
         assert "moved_toast_sources" not in (models / f"{model}.sql").read_text(), model
     # The singular whole-table checks read the tables this build's change batch touched (both folds
     # read the batch: macro changelake_touched_tables_predicate).
-    scoped = (singular / "assert_record_history_versions_follow_each_other.sql").read_text()
+    scoped = (singular / "assert_record_history_is_the_timeline_of_consumer_records.sql").read_text()
     assert f"(scoped.source = '{s.name}' and scoped.table_schema = " in scoped, scoped
     # The as_of check is the nightly one (full_check_only): this batch build passed it without a query.
     assert "as_of_versions" not in as_of_check.read_text(), as_of_check.read_text()
