@@ -256,6 +256,9 @@ class RangedWorkload(Workload):
 
     def __call__(self, point: str, task: Any, page: int) -> None:
         with self.lock:
+            if task.start is None and page == 0 and point == "after_read":
+                # Row a = 1 (block 0) is on the page just read: this update is one its watermark passes.
+                self.c.execute(f"update {self.table} set b = b || '!' where a = 1")
             if task.start is None:
                 super().__call__(point, task, page)
             elif point in ("after_begin", "after_read"):
