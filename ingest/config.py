@@ -168,7 +168,7 @@ class SnapshotSettings(_Strict):
     page_bytes: Annotated[int, Field(gt=0)] = 64 * MIB
     # Snapshots run side by side, each its own writer and connection holding at most one page
     # (memory: max_parallel x page_bytes). A table of more than split_rows estimated rows is cut
-    # into max_parallel key ranges. Default: one per core, at most 4.
+    # into max_parallel key ranges (block ranges for a keyless table). Default: one per core, at most 4.
     max_parallel: Annotated[int, Field(gt=0, le=64)] = max(1, min(4, (os.cpu_count() or 1)))
     split_rows: Annotated[int, Field(gt=0)] = 1_000_000
     # Where dbt's consumer_records is, to re-read keys it marks needs_reread (default:
