@@ -179,6 +179,9 @@ def test_a_closed_connection_or_no_functions_is_refused() -> None:
 
 def test_libpqs_functions_are_psycopgs_or_none(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: Any) -> None:
     """The functions come from the libpq psycopg loaded; when it cannot be found, None and one debug line."""
+    # The cached lookup is module state: both halves are put back as they were, or a later test in
+    # this process would find the None this test caches below.
+    monkeypatch.setattr(native, "_functions", None)
     monkeypatch.setattr(native, "_functions_looked_up", False)
     found = native.copy_functions()
     assert found is not None and found.get_copy_data and found.freemem
