@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -61,22 +62,36 @@ def test_a_schema_pattern_with_exclusions_captures_what_it_matches(warehouse: Pa
 def test_a_user_publication_captures_only_what_it_publishes_and_says_what_it_lacks(
     make_source: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """On a user's publication a pattern selects within it; selected tables it lacks are named in the log."""
-    s = make_source("create table a (id int primary key); create table b (id int primary key)", [])
+    """On a user's publication a pattern selects within it; the log says what is in scope and what is not.
+
+    Selected tables the publication lacks are named (not captured until it publishes them), and so
+    are tables the publication sends that the pattern leaves out (their changes are skipped).
+    """
+    s = make_source(
+        "create table a (id int primary key); create table b (id int primary key); "
+        "create table other (id int primary key)",
+        [],
+    )
     pub = f"pub_{s.suffix}"
-    s.execute(f"create publication {pub} for table a with (publish_via_partition_root = true)")
+    s.execute(f"create publication {pub} for table a, other with (publish_via_partition_root = true)")
+    caplog.set_level(logging.INFO, logger="ingest.sources.postgres.scope")
     try:
         src = PostgresSource(
             kind="postgres",
             name=s.name,
             dsn=s.dsn,
-            tables=[f"{s.schema}.*"],
+            tables=[f"{s.schema}.?"],  # a and b, not other
             publication=pub,
             create_publication=False,
         )
         prepare(src)
         assert src.tables == [f"{s.schema}.a"]
+        assert f"source={s.name} tables in scope: {s.schema}.a\n" in caplog.text
         assert f"{s.schema}.b selected but not in publication {pub}" in caplog.text
+        assert (
+            f"publication {pub} also publishes {s.schema}.other, outside the selection: their changes are skipped"
+            in caplog.text
+        )
     finally:
         s.execute(f"drop publication {pub}")
 
