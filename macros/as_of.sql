@@ -15,9 +15,11 @@
         captured change or placed snapshot row on (earlier states are unknown to changelake).
         Examples: `select * from ({{ as_of(ref('record_history'), '2026-11-23 12:00:00') }})` in a
         model, or `dbt show --inline "{{ as_of(ref('record_history'), '0/1A2B3C4D', source='shop') }}"`.
+        Called from a host project's model (as changelake.as_of), an unqualified macro name resolves
+        in the host's namespace, not this package's: the macros it calls are named with `changelake.`.
     -#}
     {%- set value = timestamp_or_lsn -%}
-    {%- set source_filter = ('source = ' ~ sql_literal(source, 'string')) if source is not none else 'true' -%}
+    {%- set source_filter = ('source = ' ~ changelake.sql_literal(source, 'string')) if source is not none else 'true' -%}
     {%- if value is number and value is not boolean and value == value | int -%}
         {%- set lsn = value | int -%}
     {%- elif value is string and modules.re.fullmatch('[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}', value.strip()) -%}
@@ -47,8 +49,8 @@
     {%- if lsn is none %}
     as_of_moment as (
         select coalesce(
-            cast({{ sql_literal(moment, 'string') }} as timestamp),
-            raise_error({{ sql_literal('as_of: not a timestamp: ' ~ moment, 'string') }})
+            cast({{ changelake.sql_literal(moment, 'string') }} as timestamp),
+            raise_error({{ changelake.sql_literal('as_of: not a timestamp: ' ~ moment, 'string') }})
         ) as moment
     ),
     as_of_positions as (
@@ -68,7 +70,7 @@
     {%- else %}
     as_of_positions as (
         -- An LSN comes with its source (checked above): the cut is a literal, not a read.
-        select {{ sql_literal(source, 'string') }} as source, cast({{ lsn }} as bigint) as cut_lsn
+        select {{ changelake.sql_literal(source, 'string') }} as source, cast({{ lsn }} as bigint) as cut_lsn
     )
     {%- endif %}
     select as_of_versions.*

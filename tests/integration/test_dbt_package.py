@@ -2,17 +2,19 @@
 
 The host project (in tmp) has a `local:` entry in packages.yml, its own incremental models over
 the package's macros for users' models (`changelake.records_changed_since`, `changelake.changes_since`),
-and the typed gold models `changelake-ingest gold generate` writes into its
-own models folder; it sets the package's bronze root through a project var. Two rounds of ingest
-and `dbt build` check what only works when the package's own macros are found from a package: its
-materializations (named changelake_*, as dbt ignores a package's override of the built-ins), its
-generate_schema_name (silver.*, not <target schema>_silver), its merge with the position guard on
-the second, incremental round, and the typed gold macro called from the host's models.
+a model over `changelake.as_of` (as docs/dbt.md shows it), and the typed gold models
+`changelake-ingest gold generate` writes into its own models folder; it sets the package's bronze
+root through a project var. Two rounds of ingest and `dbt build` check what only works when the
+package's own macros are found from a package: its materializations (named changelake_*, as dbt
+ignores a package's override of the built-ins), its generate_schema_name (silver.*, not <target
+schema>_silver), its merge with the position guard on the second, incremental round, and the
+user and typed gold macros called from the host's models.
 """
 
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -98,7 +100,8 @@ def test_a_host_project_builds_silver_and_gold_from_the_package(tmp_path: Path, 
         rows = [r for r in silver(warehouse, "consumer_records") if r.source == s.name and not r.deleted]
         return {json.loads(r.record_pk)["id"]: json.loads(r.record) for r in rows}
 
-    assert sorted(live()) == [1, 2, 4, 5, 6] and live()[2]["customer"] == "moved"
+    round_one = live()
+    assert sorted(round_one) == [1, 2, 4, 5, 6] and round_one[2]["customer"] == "moved"
     assert len(read(warehouse / "dbt" / "order_keys")) == 6
 
     def changes_logged() -> list[tuple[int, str, str]]:
@@ -109,6 +112,14 @@ def test_a_host_project_builds_silver_and_gold_from_the_package(tmp_path: Path, 
         return sorted((e.seq, e.action, e.record_pk) for e in events)
 
     assert changes_logged() == changes_in_silver() and len(changes_logged()) == 8
+    # A moment after round one's changes and before round two's: the host's model of the state then,
+    # over the package's as_of, written as docs/dbt.md shows it (with the package's prefix).
+    moment = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+    (host / "models" / "orders_as_of.sql").write_text(
+        "{{ config(materialized='table') }}\n"
+        f"select * from ({{{{ changelake.as_of(ref('record_history'), '{moment}') }}}}) as state\n"
+        "where table_name = 'orders'\n"
+    )
 
     # Typed gold, generated into the host project from silver's table_columns.
     config = tmp_path / "ingest.yml"
@@ -130,7 +141,7 @@ def test_a_host_project_builds_silver_and_gold_from_the_package(tmp_path: Path, 
     s.execute("insert into orders values (7, 'new', 7.75, date '2026-02-01')")
     capture_once(lake, s.config())
     # The generic data tests of what it builds (the singular invariants are the dbt flow's to check).
-    selection = ("--select", "+loaded_bounds", "+typed_orders", "order_keys", "order_changes")
+    selection = ("--select", "+loaded_bounds", "+typed_orders", "+orders_as_of", "order_keys", "order_changes")
     selection += ("--indirect-selection", "cautious")
     selection += ("--exclude", "test_type:singular")
     dbt(warehouse, "build", *NO_UNIT_TESTS, *selection, project=host)
@@ -154,6 +165,10 @@ def test_a_host_project_builds_silver_and_gold_from_the_package(tmp_path: Path, 
         warehouse.parent / "dbt-target" / "run" / "changelake" / "models" / "silver" / "consumer_records.sql"
     ).read_text()
     assert "merge into" in merged and "dbt_internal_source.commit_lsn > dbt_internal_dest.commit_lsn" in merged, merged
+
+    # as_of from the host: round one's state, after round two was built.
+    state = {json.loads(r.record_pk)["id"]: json.loads(r.record) for r in read(warehouse / "dbt" / "orders_as_of")}
+    assert state == round_one and state != live()
 
     typed = {r.id: r for r in read(warehouse / "dbt" / "typed_orders")}
     assert sorted(typed) == [1, 2, 4, 6, 7]
