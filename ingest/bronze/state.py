@@ -262,6 +262,8 @@ class BronzeState:
         """`sql` over bronze table `t` (registered as `t`)."""
         try:
             return self.tables.query(sql, t=self.path(t))
+        except BronzeWriteError:  # the storage failing past the retries: BronzeUnavailableError, exit 75
+            raise
         except Exception as e:
             raise BronzeWriteError(f"reading {self.path(t)} failed: {e}") from e
 
