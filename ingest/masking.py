@@ -181,33 +181,51 @@ def _names_kept_their_columns(before: Sequence[str], now: Sequence[str]) -> bool
 
 def check_masks_followed(
     table: str,
-    before: Sequence[tuple[str, bool]],
-    now: Sequence[tuple[str, bool]],
+    before: Sequence[tuple[str, bool, int | None]],
+    now: Sequence[tuple[str, bool, int | None]],
     table_dropped_columns: bool,
     source: str,
 ) -> None:
     """Refuse a shape change that may have moved a masked column's values under a name no rule masks.
 
-    `before`: the last recorded shape's (name, masked) in column order; `now`: the same for the
-    table as the current rules see it. Rules match names, so renaming a masked column and giving
-    its name to another (a new column, or a swap) leaves the rule matching a column and the values
-    it was written for landing as they are, in the stream and in the re-snapshot the rename asks
-    for. When the names cannot all have kept their columns (`_names_kept_their_columns`), the
-    columns are matched by place: with no column ever dropped from the table the n-th column is
-    the n-th column then, and each formerly masked one must be masked now. With dropped columns
-    places do not tell: the change passes only when no two names swapped and every name that is
-    new since is masked.
+    `before`: the last recorded shape's (name, masked, attnum) in column order; `now`: the same for
+    the table as the current rules see it (attnum None where a shape does not carry it). Rules match
+    names, so renaming a masked column and giving its name to another (a new column, or a swap)
+    leaves the rule matching a column and the values it was written for landing as they are, in the
+    stream and in the re-snapshot the rename asks for.
+
+    When every column of both shapes carries its attnum (a column's identity for life: a rename
+    keeps it, a dropped column's number is never reused), each column that was masked and is still
+    in the table under another name must be masked now (under its own name, an unmasked one had its
+    rule taken off, as the config says): `drop d; rename email to d; add email`
+    leaves every name in its place and is told only this way. Else (a shape recorded before
+    attnums were, or one the catalog had changed under when it was met) by names and places: when
+    the names cannot all have kept their columns (`_names_kept_their_columns`), with no column ever
+    dropped from the table the n-th column is the n-th column then, and each formerly masked one
+    must be masked now. With dropped columns places do not tell: the change passes only when no
+    two names swapped and every name that is new since is masked.
     """
-    was_masked = [n for n, masked in before if masked]
-    names_then, names_now = [n for n, _m in before], [n for n, _m in now]
-    if not was_masked or _names_kept_their_columns(names_then, names_now):
+    was_masked = [n for n, masked, _a in before if masked]
+    if not was_masked:
         return
     how = (
         "list the column under its new name in mask_columns (or exclude_columns) and run again; "
         "nothing of the new shape was written"
     )
+    if all(a is not None for _n, _m, a in (*before, *now)):
+        by_attnum = {a: (n, masked) for n, masked, a in now}
+        for then, was, attnum in before:
+            # Gone (dropped, or excluded now): nothing of it lands. Under its own name: the rule was
+            # taken off on purpose, which unmasks it as the config says.
+            name, is_masked = by_attnum.get(attnum, (then, True))
+            if was and not is_masked and name != then:
+                raise SourceError(_unmasked(source, table, then, name, how))
+        return
+    names_then, names_now = [n for n, _m, _a in before], [n for n, _m, _a in now]
+    if _names_kept_their_columns(names_then, names_now):
+        return
     if table_dropped_columns or len(now) < len(before):
-        old, masked_now = set(names_then), {n for n, masked in now if masked}
+        old, masked_now = set(names_then), {n for n, masked, _a in now if masked}
         common = [n for n in names_now if n in old]
         if common == [n for n in names_then if n in set(names_now)] and all(
             n in masked_now for n in names_now if n not in old
@@ -220,12 +238,17 @@ def check_masks_followed(
             "column whose name is new since is masked and no name moved to another column's place (otherwise capture "
             f"the table as a new source); {how}"
         )
-    for (then, was), (name, is_masked) in zip(before, now, strict=False):
+    for (then, was, _a), (name, is_masked, _b) in zip(before, now, strict=False):
         if was and not is_masked:
-            raise SourceError(
-                f"source {source!r}: table {table}: column {then} (masked) was renamed to {name}, which no rule masks "
-                f"(rules match names; the column's values would land as they are): {how}"
-            )
+            raise SourceError(_unmasked(source, table, then, name, how))
+
+
+def _unmasked(source: str, table: str, then: str, name: str, how: str) -> str:
+    """The error of masked column `then`, now named `name`, which no rule masks."""
+    return (
+        f"source {source!r}: table {table}: column {then} (masked) was renamed to {name}, which no rule masks "
+        f"(rules match names; the column's values would land as they are): {how}"
+    )
 
 
 class SourceMasks:

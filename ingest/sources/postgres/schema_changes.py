@@ -39,7 +39,8 @@ def resnapshot_reason(admin: PostgresAdmin, before: RelationShape, after: Relati
     without one is NULL in every existing row, which is what silver's records say by its absence).
     A column the catalog no longer has (dropped again since) is not asked about. A rename that may
     have moved a masked column's values under a name no rule masks raises SourceError
-    (masking.check_masks_followed) before the shape or anything in it is written.
+    (masking.check_masks_followed: by attnum when both shapes carry them) before the shape or
+    anything in it is written.
     """
     with admin.conn.cursor() as cur:
         cur.execute(
@@ -48,8 +49,8 @@ def resnapshot_reason(admin: PostgresAdmin, before: RelationShape, after: Relati
         row = cur.fetchone()
     check_masks_followed(
         f"{after.table_schema}.{after.table_name}",
-        [(c.name, c.json_kind == MASKED_JSON_KIND) for c in before.columns],
-        [(c.name, c.json_kind == MASKED_JSON_KIND) for c in after.columns],
+        [(c.name, c.json_kind == MASKED_JSON_KIND, c.attnum) for c in before.columns],
+        [(c.name, c.json_kind == MASKED_JSON_KIND, c.attnum) for c in after.columns],
         bool(row and row[0]),
         admin.src.name,
     )
