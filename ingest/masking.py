@@ -114,6 +114,31 @@ class TableMask:
             "land as they are: fix the name (a column renamed since must be listed under its new name) and run again"
         )
 
+    def check_fields(self, where: str, fields: Iterable[str]) -> None:
+        """Refuse a field named like a rule's name except for case (`fields`: a document's top-level fields).
+
+        For a source without a schema (MongoDB): rules match field names exactly, so a rule naming
+        `Email` leaves the `email` documents carry to land as they are, and no catalog says so
+        beforehand. Checked on each document before anything of it is written: SourceError naming
+        `where` (the collection), the rule and the field. A field a rule names itself is ruled.
+        """
+        named = self.named()
+        folded: dict[str, str] | None = None
+        for field in fields:
+            if field in named:
+                continue
+            if folded is None:
+                folded = {n.casefold(): n for n in named}
+            rule = folded.get(field.casefold())
+            if rule is not None:
+                which = "mask_columns" if rule in self.mask else "exclude_columns"
+                raise SourceError(
+                    f"collection {where}: a document has field {field!r}, which {which} names only as {rule!r} "
+                    "(names are case-sensitive, so the rule does not cover it and its values would land as they "
+                    f"are). Nothing of it was written and the stream does not go past it: list {field} in {which} "
+                    "too (or instead) and run again"
+                )
+
     def for_relation(
         self, table: str, sent: Sequence[str], now: Sequence[str], source: str, key: Sequence[str] = ()
     ) -> TableMask:

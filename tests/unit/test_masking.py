@@ -179,3 +179,16 @@ def test_mongodb_dotted_paths_are_refused(name: str) -> None:
     base = "sources:\n  - {name: m, kind: mongodb, uri: 'mongodb://h', database: shop"
     with pytest.raises(ConfigError, match=rf"{re.escape(name)} is a path into a document.*\({name.split('.')[0]}\)"):
         parse_config(base + f", collections: [{{name: c, mask_columns: ['{name}']}}], mask_with: 'null'}}\n")
+
+
+def test_a_field_named_like_a_rule_except_for_case_is_refused() -> None:
+    """A MongoDB rule naming `Email` while documents carry `email` was accepted, and `email` landed in plaintext."""
+    mask = TableMask(frozenset({"SSN"}), frozenset({"Email"}), MaskWith.HASH, b"s" * 16)
+    with pytest.raises(SourceError, match=r"collection app\.users: a document has field 'email', which mask_columns "):
+        mask.check_fields("app.users", ["_id", "email", "n"])
+    with pytest.raises(SourceError, match=r"field 'ssn', which exclude_columns names only as 'SSN'"):
+        mask.check_fields("app.users", ["_id", "ssn"])
+    mask.check_fields("app.users", ["_id", "Email", "SSN", "n"])  # exactly as named
+    mask.check_fields("app.users", [])
+    both = TableMask(frozenset(), frozenset({"Email", "email"}), MaskWith.NULL, None)
+    both.check_fields("app.users", ["email", "Email"])  # a field a rule names is ruled, whatever others look like

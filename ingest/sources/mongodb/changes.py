@@ -107,17 +107,23 @@ def mask_value(mask: TableMask, value: Any) -> str | None:
     return mask.mask_text(value if isinstance(value, str) else ext_json(value))
 
 
-def mask_document(doc: Mapping[str, Any], mask: TableMask | None) -> Mapping[str, Any]:
-    """`doc` without its excluded top-level fields and with its masked ones masked (masking.py), in order."""
+def mask_document(doc: Mapping[str, Any], mask: TableMask | None, collection: str) -> Mapping[str, Any]:
+    """`doc` without its excluded top-level fields and with its masked ones masked (masking.py), in order.
+
+    SourceError if a field is named like a rule's name except for case (TableMask.check_fields):
+    the rule would not cover it. `collection`: its qualified name, for that error.
+    """
     if mask is None:
         return doc
+    mask.check_fields(collection, doc)
     return {k: mask_value(mask, v) if k in mask.mask else v for k, v in doc.items() if k not in mask.exclude}
 
 
-def _mask_updated_fields(fields: Mapping[str, Any], mask: TableMask | None) -> Mapping[str, Any]:
+def _mask_updated_fields(fields: Mapping[str, Any], mask: TableMask | None, collection: str) -> Mapping[str, Any]:
     """An update's `updatedFields` (dotted paths) with the rules of each path's top-level field."""
     if mask is None:
         return fields
+    mask.check_fields(collection, (path.split(".", 1)[0] for path in fields))
     out = {}
     for path, value in fields.items():
         top = path.split(".", 1)[0]
@@ -286,8 +292,8 @@ class ChangeMapper:
         action = ROW_ACTIONS[op]
         mask = self.masks.table(ns.coll) if ns.coll is not None else None
         if mask is not None:
-            full = mask_document(full, mask) if full is not None else None
-            before = mask_document(before, mask) if before is not None else None
+            full = mask_document(full, mask, ns.qualified) if full is not None else None
+            before = mask_document(before, mask, ns.qualified) if before is not None else None
         record = ext_json(full) if full is not None and action != Action.DELETE else None
         if before is not None:
             old_record: str | None = ext_json(before)
@@ -301,7 +307,7 @@ class ChangeMapper:
             prefix = UPDATE_DESCRIPTION_PREFIX
             content = ext_json(
                 {
-                    "updatedFields": _mask_updated_fields(description.get("updatedFields", {}), mask),
+                    "updatedFields": _mask_updated_fields(description.get("updatedFields", {}), mask, ns.qualified),
                     "removedFields": description.get("removedFields", []),
                     "truncatedArrays": description.get("truncatedArrays", []),
                 }

@@ -277,8 +277,12 @@ class MongoSnapshotter:
         if not isinstance(at, Timestamp):
             at = self._fallback_cluster_time(read_at)
         mask = self.masks.table(self.ns.coll or "")  # excluded fields dropped, masked ones masked (masking.py)
+        where = self.ns.qualified
         rows = page_rows_within(
-            (SnapshotRow(record_key(d["_id"]), ext_json(mask_document(d, mask)), (ext_json(d["_id"]),)) for d in docs),
+            (
+                SnapshotRow(record_key(d["_id"]), ext_json(mask_document(d, mask, where)), (ext_json(d["_id"]),))
+                for d in docs
+            ),
             self.src.snapshot_page_bytes,
         )
         cut = len(rows) < len(docs)

@@ -130,6 +130,7 @@ class SnapshotReads:
         A command cursor (not `command` + `getMore`): its getMores go out in the session the find
         was sent in, as the server requires of a cursor.
         """
+        where = f"{self.src.database}.{collection}"
 
         def scan() -> Iterator[list[Row]]:
             batch: list[Row] = []
@@ -138,7 +139,7 @@ class SnapshotReads:
                     "find", collection, filter={}, batchSize=FETCH_DOCS, readConcern=self._read_concern()
                 ) as cursor:
                     for d in cursor.batch_size(FETCH_DOCS):
-                        batch.append((record_key(d["_id"]), ext_json(mask_document(d, mask))))
+                        batch.append((record_key(d["_id"]), ext_json(mask_document(d, mask, where))))
                         if len(batch) == FETCH_DOCS:
                             yield batch
                             batch = []

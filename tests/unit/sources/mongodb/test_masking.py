@@ -76,8 +76,9 @@ def test_delete_keeps_the_key_and_other_collections_are_untouched() -> None:
 
 def test_snapshot_rows_follow_the_same_rule() -> None:
     mask = MASKS.table("people")
-    assert ext_json(mask_document(DOC, mask)) == _mapper().feed(insert(T0, 1, DOC, coll="people")).event.record  # type: ignore[union-attr]
-    assert mask_document(DOC, None) is DOC
+    snapshot_row = ext_json(mask_document(DOC, mask, "db.people"))
+    assert snapshot_row == _mapper().feed(insert(T0, 1, DOC, coll="people")).event.record  # type: ignore[union-attr]
+    assert mask_document(DOC, None, "db.people") is DOC
 
 
 def test_mask_with_null() -> None:
