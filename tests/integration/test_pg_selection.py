@@ -13,6 +13,7 @@ import pytest
 
 from ingest.config import PostgresSource
 from ingest.errors import SourceError
+from ingest.sources.postgres.changes import table_gone_prefix
 from tests.helpers.bronze_fold import live_records, table_rows
 from tests.helpers.capture_thread import ContinuousCapture
 from tests.helpers.delta_rows import read
@@ -178,3 +179,78 @@ def test_a_new_table_written_by_an_open_transaction_is_published_after_it_ends(
         run.wait_for(
             lambda: live_records(warehouse, s.name).get(new, {}) == table_rows(s.conn, new), 30, "the row in bronze"
         )
+
+
+def test_tables_leaving_and_entering_a_pattern_while_running_are_tombstoned_or_captured(
+    warehouse: Path, make_source: Any
+) -> None:
+    """While `run` streams `<schema>.t_*`: tables that leave the pattern are tombstoned and unpublished.
+
+    One is dropped, one renamed out of the pattern, one moved out with SET SCHEMA: none of them
+    writes a row change, so their records in bronze end only at the tombstone the running capture
+    writes (a truncate at the `changelake.tableGone:<slot>` message), and each leaves the
+    publication (a renamed or moved table keeps its membership by relation, and would go on being
+    sent). A table moved in with SET SCHEMA and one renamed into the pattern are published,
+    snapshotted with the rows they had, and their later writes streamed.
+    """
+    s = make_source(
+        "create table t_drop (id int primary key, v text); create table t_rename (id int primary key, v text); "
+        "create table t_move (id int primary key, v text); create table t_keep (id int primary key, v text); "
+        "create table old_in (id int primary key, v text)",
+        [],
+    )
+    other = f"{s.schema}_other"
+    s.execute(f"create schema {other}; create table {other}.t_in (id int primary key, v text)")
+    try:
+        src = PostgresSource(
+            kind="postgres",
+            name=s.name,
+            dsn=s.dsn,
+            tables=[f"{s.schema}.t_*"],
+            new_tables_check_seconds=0.5,
+            heartbeat_seconds=1,
+        )
+        prepare(src)
+        leaving = [f"{s.schema}.t_drop", f"{s.schema}.t_rename", f"{s.schema}.t_move"]
+        keep, moved_in, renamed_in = f"{s.schema}.t_keep", f"{s.schema}.t_in", f"{s.schema}.t_renamed_in"
+        assert published(s, src) == {*leaving, keep}
+        for t in ("t_drop", "t_rename", "t_move", "t_keep", "old_in", f"{other}.t_in"):
+            s.execute(f"insert into {t} select g, '{t}' || g from generate_series(1, 5) g")
+        with ContinuousCapture(warehouse, src) as run:
+            run.wait_for(lambda: set(live_records(warehouse, s.name)) >= {*leaving, keep}, 30, "the tables in bronze")
+            s.execute("drop table t_drop")
+            s.execute("alter table t_rename rename to gone_rename")
+            s.execute(f"alter table t_move set schema {other}")
+            s.execute(f"alter table {other}.t_in set schema {s.schema}")
+            s.execute("alter table old_in rename to t_renamed_in")
+            # Written after leaving (still published until retired): not captured under either name.
+            s.execute("insert into gone_rename values (6, 'after')")
+            s.execute(f"update {other}.t_move set v = 'after' where id = 1")
+            s.execute("insert into t_in values (6, 'moved in'); insert into t_renamed_in values (6, 'renamed in')")
+            run.wait_for(lambda: set(src.tables) == {keep, moved_in, renamed_in}, 30, "the scope followed")
+
+            def in_bronze() -> bool:
+                live = live_records(warehouse, s.name)
+                return all(live.get(t) == {} for t in leaving) and all(
+                    live.get(t) == table_rows(s.conn, t) for t in (keep, moved_in, renamed_in)
+                )
+
+            run.wait_for(in_bronze, 60, "the tombstones and the new tables' snapshots in bronze")
+            s.execute("update t_in set v = 'later' where id = 1; delete from t_in where id = 2")
+            s.execute("insert into t_renamed_in values (7, 'later')")
+            run.wait_for(in_bronze, 30, "the later writes in bronze")
+        assert published(s, src) == {keep, moved_in, renamed_in}
+        events = bronze_events(warehouse, s.name)
+        gone = [e for e in events if e.action == "truncate"]
+        assert sorted(tuple(e.truncated_tables) for e in gone) == sorted((t,) for t in leaving)
+        assert {e.message_prefix for e in gone} == {table_gone_prefix(src.slot_name)}
+        captured = {f"{e.table_schema}.{e.table_name}" for e in events if e.action != "truncate"}
+        assert captured <= {*leaving, keep, moved_in, renamed_in}, "a table that left was captured under its new name"
+        pages = read(warehouse / "bronze/snapshot_pages", f"source = '{s.name}' and row_index >= 0", "row_index")
+        for t in (moved_in, renamed_in):
+            paged = {json.loads(p.record)["id"] for p in pages if f"{p.table_schema}.{p.table_name}" == t}
+            assert set(range(1, 6)) <= paged, t
+        later = [(e.table_name, e.action) for e in events if e.table_name in ("t_in", "t_renamed_in")]
+        assert ("t_in", "update") in later and ("t_in", "delete") in later and ("t_renamed_in", "insert") in later
+    finally:
+        s.execute(f"drop schema {other} cascade")
