@@ -4,7 +4,8 @@ The example models (models/examples, enabled by var changelake_examples) read si
 macros changes_since and records_changed_since. A first dbt run is killed right after both have
 written their rows, before dbt records the run; the next round (updates, deletes, a truncate)
 must still leave every event in it exactly once, and the record model equal to consumer_records.
-The same build records gold.completeness, checked against silver and bronze.verification_runs, and
+A real `changelake-ingest verify` between the rounds finds silver equal to the source; the next
+build records gold.completeness, checked against silver and that verify run, and
 `dbt source freshness` reports the commit time at the safe bound.
 """
 
@@ -14,17 +15,14 @@ import json
 import os
 import signal
 import subprocess
-import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pytest
 
-from ingest.bronze.schemas import VERIFICATION_RUNS_TABLE
-from ingest.bronze.writer import BronzeWriter
 from tests.helpers.delta_rows import read
+from tests.helpers.ingest_process import ingest, start_run, stop, write_config
 from tests.helpers.pg import ROOT, capture_once, prepare
 from tests.helpers.silver import DBT, NO_UNIT_TESTS, dbt, silver
 
@@ -70,42 +68,25 @@ def run_killed_after_examples_wrote(warehouse: Path) -> None:
     assert p.returncode == -signal.SIGKILL, "".join(seen[-40:])
 
 
-def record_verification(warehouse: Path, source: str, schema: str, position: int) -> str:
-    """A `verify` run's rows in bronze.verification_runs: orders equal, lines mismatched."""
-    writer = BronzeWriter(warehouse)
-    uri = writer.path(VERIFICATION_RUNS_TABLE)
-    writer.tables.create(uri, VERIFICATION_RUNS_TABLE.schema, VERIFICATION_RUNS_TABLE.partition_by, {})
-    run_id = str(uuid.uuid4())
-    now = datetime.now(UTC)
-    zero = dict.fromkeys(("ranges", "mismatched_ranges", "unresolved_ranges", "skipped_keys", "extra"), 0)
-    rows = [
-        {"table_name": "orders", "status": "equal", "missing": 0, "different": 0, **zero},
-        {"table_name": "lines", "status": "mismatch", "missing": 1, "different": 0, **zero},
-    ]
-    table = pa.Table.from_pylist(
-        [
-            {
-                **row,
-                "source": source,
-                "run_id": run_id,
-                "table_schema": schema,
-                "position": position,
-                "silver_position": position,
-                "source_rows": 1,
-                "silver_rows": 1,
-                "details": "{}",
-                "started_at": now,
-                "finished_at": now,
-            }
-            for row in rows
-        ],
-        schema=VERIFICATION_RUNS_TABLE.schema,
-    )
-    writer.tables.append(uri, table)
-    return run_id
+def verify(tmp_path: Path, s: Any) -> dict[str, Any]:
+    """A real `changelake-ingest verify --json` of the source against silver, with ingest running
+    (verify waits for bronze's safe bound to pass its snapshot's position); its document."""
+    source = {"kind": "postgres", "name": s.name, "dsn": s.dsn, "tables": s.tables}
+    cfg = write_config(tmp_path, source)
+    run = start_run(cfg)
+    try:
+        p = ingest(cfg, "verify", "--json", "--no-progress", "--wait", "60", timeout=180)
+    finally:
+        code, err = stop(run)
+    assert code == 0, err
+    assert p.stdout, p.stderr
+    doc: dict[str, Any] = json.loads(p.stdout)
+    return doc
 
 
-def test_user_models_read_each_change_once_across_a_killed_run(warehouse: Path, make_source: Any) -> None:
+def test_user_models_read_each_change_once_across_a_killed_run(
+    tmp_path: Path, warehouse: Path, make_source: Any
+) -> None:
     s = make_source(TABLES, ["orders", "lines"])
     prepare(s.config())
     s.execute("insert into orders select g, 'n' || g from generate_series(1, 5) g")
@@ -115,6 +96,9 @@ def test_user_models_read_each_change_once_across_a_killed_run(warehouse: Path, 
     capture_once(warehouse, s.config())
     run_killed_after_examples_wrote(warehouse)
     assert examples(warehouse, "example_change_log") and examples(warehouse, "example_current_records")
+    # verify against the silver the killed run left: both tables equal, in bronze.verification_runs.
+    verified = verify(tmp_path, s)
+    assert verified["result"] == "equal" and len(verified["tables"]) == 2, verified
 
     # The next round, after the killed run: its batch, a truncate and deletes included.
     s.execute("insert into orders values (6, 'n6'), (7, 'n7')")
@@ -123,16 +107,19 @@ def test_user_models_read_each_change_once_across_a_killed_run(warehouse: Path, 
     s.execute("truncate lines")
     s.execute("insert into lines values (10, 6)")
     capture_once(warehouse, s.config())
-    bounds = [r for r in silver(warehouse, "safe_bounds") if r.source == s.name]
-    verify_run = record_verification(warehouse, s.name, s.schema, bounds[0].safe_lsn if bounds else 0)
-    # The tests of completeness only: the other models' are the dbt flow's to run.
+    # The tests of completeness and of the example models only (one row per (source, seq) in the
+    # change log after the killed run, one per key in the records): the others are the dbt flow's.
     selection = ("--select", "+path:models/examples", "+completeness", "*completeness*")
+    selection += ("*changelake_rules_example_*",)
     selection += ("--indirect-selection", "empty")
     dbt(warehouse, "build", *NO_UNIT_TESTS, *selection, *EXAMPLES)
     results = json.loads((warehouse.parent / "dbt-target" / "run_results.json").read_text())["results"]
-    tests = {r["unique_id"].split(".")[2] for r in results if r["unique_id"].startswith("test.")}
+    tests = {r["unique_id"].split(".")[2]: r["status"] for r in results if r["unique_id"].startswith("test.")}
     rules = [t for t in tests if t.startswith("changelake_rules_completeness")]
-    assert "assert_gold_completeness_is_consistent" in tests and len(rules) == 1 and len(tests) == 2, tests
+    assert "assert_gold_completeness_is_consistent" in tests and len(rules) == 1, tests
+    for model in ("example_change_log", "example_current_records"):
+        assert [t for t in tests if t.startswith(f"changelake_rules_{model}_")], (model, tests)
+    assert len(tests) == 4 and set(tests.values()) == {"pass"}, tests
 
     events = [e for e in silver(warehouse, "sequin_events") if e.source == s.name]
     logged = examples(warehouse, "example_change_log")
@@ -160,13 +147,13 @@ def test_user_models_read_each_change_once_across_a_killed_run(warehouse: Path, 
         last.commit_lsn,
     )
     assert row.complete_through_commit_at == last.commit_timestamp
-    assert (row.last_verify_run_id, row.verify_status, row.tables_verified) == (verify_run, "mismatch", 2)
+    assert (row.last_verify_run_id, row.verify_status, row.tables_verified) == (verified["run_id"], "equal", 2)
     # The same certificate in dbt's run artifacts: the completeness node's result message.
     (built,) = [r for r in results if r["unique_id"] == "model.changelake.completeness"]
     assert built["adapter_response"]["code"] == "completeness", built
     message = built["adapter_response"]["_message"]
     assert f"{s.name} through position {loaded.loaded_safe_lsn}, last change committed 20" in message, message
-    assert message.startswith("complete: ") and f"{s.name} " in message and "verify mismatch" in message, message
+    assert message.startswith("complete: ") and f"{s.name} " in message and "verify equal" in message, message
 
     # Freshness: the commit time of the last bronze row (heartbeats included) at or below the safe bound.
     dbt(warehouse, "source", "freshness", "--select", "source:changelake.bronze.wal_events")
