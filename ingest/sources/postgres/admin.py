@@ -9,11 +9,13 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
+from ingest.bronze.state import BronzeState
 from ingest.capture.retry import is_transient
 from ingest.config import PostgresSource
 from ingest.errors import SlotInvalidatedError, SourceError, SourceUnavailableError
 from ingest.events import lsn_to_int
 from ingest.sources.postgres.changes import table_gone_prefix
+from ingest.sources.postgres.left_scope import tombstone_left_scope
 from ingest.sources.postgres.membership import memberships
 from ingest.sources.postgres.published import (
     supports_column_lists,
@@ -279,7 +281,7 @@ class PostgresAdmin:
             (schema, table),
         )
         if row is None:
-            self._tombstone_gone(qualified)
+            self.tombstone_gone(qualified)
             raise SourceError(
                 f"source {self.src.name!r}: configured table {qualified} does not exist (dropped or renamed?). "
                 "If it was captured, the stream tombstones its records in silver once it reaches this point "
@@ -298,7 +300,7 @@ class PostgresAdmin:
                 key = [str(r[0]) for r in self._all_columns(schema, table)]
             mask.check_key(qualified, key, self.src.name)
 
-    def _tombstone_gone(self, qualified: str) -> None:
+    def tombstone_gone(self, qualified: str) -> None:
         """Have the stream truncate `qualified`'s records at this point of the WAL (review W12).
 
         A DROP or RENAME TABLE writes no change the stream could turn into deletes, and silver kept
@@ -687,12 +689,19 @@ class PostgresAdmin:
         )
 
 
-def prepare_source(src: PostgresSource) -> PostgresAdmin:
-    """Check the source and create what is missing (publication, slot); returns the admin connection."""
+def prepare_source(src: PostgresSource, bronze: BronzeState | None = None) -> PostgresAdmin:
+    """Check the source and create what is missing (publication, slot); returns the admin connection.
+
+    With `bronze` (a run's start), a captured table that left scope while ingest was stopped is
+    tombstoned if it is gone (dropped, renamed or moved out), before it leaves the publication; one
+    left out by the config alone keeps its records (left_scope.py).
+    """
     admin = PostgresAdmin(src)
     try:
         admin.check_server()
         adopt_scope(admin)
+        if bronze is not None:
+            tombstone_left_scope(admin, bronze)
         admin.check_tables()
         admin.ensure_publication()  # on a standby source, on its primary (PostgresAdmin.writer)
         admin.check_published_tables()

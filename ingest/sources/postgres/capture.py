@@ -422,7 +422,7 @@ class PostgresCapture:
 
     def run(self, once: bool, should_stop: Callable[[], bool]) -> None:
         """Capture until `should_stop()` (or, with `once`, until the source's current position)."""
-        admin = prepare_source(self.src)
+        admin = prepare_source(self.src, self.writer)
         try:
             # Before anything reads the slot (the history check's peek, the stream): else the server may
             # decode a large transaction bronze already holds again, and spill it (restart_point.py).
