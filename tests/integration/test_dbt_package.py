@@ -7,8 +7,9 @@ a model over `changelake.as_of` (as docs/dbt.md shows it), and the typed gold mo
 root through a project var. Two rounds of ingest and `dbt build` check what only works when the
 package's own macros are found from a package: its materializations (named changelake_*, as dbt
 ignores a package's override of the built-ins), its generate_schema_name (silver.*, not <target
-schema>_silver), its merge with the position guard on the second, incremental round, and the
-user and typed gold macros called from the host's models.
+schema>_silver), its merge with the position guard on the second, incremental round, the
+user and typed gold macros called from the host's models, and the package's hand-written gold with
+its data tests, one of its singular tests and one of its dbt unit tests, built from the host.
 """
 
 from __future__ import annotations
@@ -25,11 +26,14 @@ import yaml
 from ingest import cli
 from tests.helpers.delta_rows import read
 from tests.helpers.pg import ROOT, capture_once, prepare
-from tests.helpers.silver import NO_UNIT_TESTS, dbt, silver
+from tests.helpers.silver import dbt, silver
 
 pytestmark = pytest.mark.integration
 
 HOST = "shop_analytics"
+# One singular test and one dbt unit test of the package, run from the host.
+SINGULAR = "assert_gold_completeness_is_consistent"
+UNIT = "schema_changes_classifies_each_shape_change"
 ORDERS = "create table orders (id int primary key, customer text, total numeric(10, 2), placed date)"
 
 
@@ -64,6 +68,20 @@ def host_project(path: Path, bronze_root: Path) -> Path:
         "select source, seq, action, record_pk from {{ changelake.changes_since(this) }} as changes\n"
     )
     return path
+
+
+def round_two_selector() -> dict[str, Any]:
+    """The second round's build: the host's models and the package's silver and gold they and the
+    gold need, their generic data tests (cautious: a test of the selected models only), and of the
+    package's singular tests and dbt unit tests only SINGULAR and UNIT."""
+    models = ["loaded_bounds", "typed_orders", "orders_as_of", "completeness", "source_health", "schema_changes"]
+    built: list[Any] = [
+        {"method": "fqn", "value": m, "parents": True, "indirect_selection": "cautious"} for m in models
+    ]
+    built += [{"method": "fqn", "value": m, "indirect_selection": "cautious"} for m in ("order_keys", "order_changes")]
+    built.append({"exclude": [{"method": "test_type", "value": "singular"}, {"method": "test_type", "value": "unit"}]})
+    chosen = [{"method": "fqn", "value": SINGULAR}, {"method": "fqn", "value": UNIT}]
+    return {"name": "round_two", "definition": {"union": [{"union": built}, *chosen]}}
 
 
 def run_results(warehouse: Path) -> dict[str, dict[str, Any]]:
@@ -140,11 +158,12 @@ def test_a_host_project_builds_silver_and_gold_from_the_package(tmp_path: Path, 
     s.execute("delete from orders where id = 5")
     s.execute("insert into orders values (7, 'new', 7.75, date '2026-02-01')")
     capture_once(lake, s.config())
-    # The generic data tests of what it builds (the singular invariants are the dbt flow's to check).
-    selection = ("--select", "+loaded_bounds", "+typed_orders", "+orders_as_of", "order_keys", "order_changes")
-    selection += ("--indirect-selection", "cautious")
-    selection += ("--exclude", "test_type:singular")
-    dbt(warehouse, "build", *NO_UNIT_TESTS, *selection, project=host)
+    # What it builds, the package's hand-written gold among it, with the generic data tests of it,
+    # and one of the package's singular tests and one of its dbt unit tests (fixtures in the
+    # package's tests/dbt/fixtures): the other singular invariants and unit tests are the dbt flow's
+    # to run. One YAML selector, so the two run in the same build (one Spark session).
+    (host / "selectors.yml").write_text(yaml.safe_dump({"selectors": [round_two_selector()]}, sort_keys=False))
+    dbt(warehouse, "build", "--selector", "round_two", project=host)
     results = run_results(warehouse)
     failed = {k: r["status"] for k, r in results.items() if r["status"] not in ("success", "pass")}
     assert not failed and f"model.{HOST}.{model}" in results, failed
@@ -155,6 +174,13 @@ def test_a_host_project_builds_silver_and_gold_from_the_package(tmp_path: Path, 
     compiled = warehouse.parent / "dbt-target" / "compiled" / "changelake"
     scoped = [p for p in compiled.rglob("*.sql") if "__changelake_this_run__" in p.read_text()]
     assert len(tests) > 5 and not scoped, scoped
+    package_gold = ("completeness", "source_health", "verification_runs", "fct_change_activity", "schema_changes")
+    assert all(f"model.changelake.{m}" in results for m in package_gold), sorted(results)
+    assert all(any(t.startswith(f"test.changelake.changelake_rules_{m}_") for t in tests) for m in package_gold), tests
+    singular = [k for k in results if k.startswith("test.changelake.assert_")]
+    unit = [k for k in results if k.startswith("unit_test.")]
+    assert singular == [f"test.changelake.{SINGULAR}"], singular
+    assert unit == [f"unit_test.changelake.schema_changes.{UNIT}"], unit
     assert sorted(live()) == [1, 2, 4, 6, 7]
     keys = {json.loads(r.record_pk)["id"]: r.deleted for r in read(warehouse / "dbt" / "order_keys")}
     assert keys == {1: False, 2: False, 3: True, 4: False, 5: True, 6: False, 7: False}
@@ -169,6 +195,19 @@ def test_a_host_project_builds_silver_and_gold_from_the_package(tmp_path: Path, 
     # as_of from the host: round one's state, after round two was built.
     state = {json.loads(r.record_pk)["id"]: json.loads(r.record) for r in read(warehouse / "dbt" / "orders_as_of")}
     assert state == round_one and state != live()
+
+    # The package's gold, built from the host: the run's certificate (in the table and in dbt's
+    # artifacts), the change counts and the table's first shape.
+    (loaded,) = [r for r in silver(warehouse, "loaded_bounds") if r.source == s.name]
+    (certified,) = [r for r in read(warehouse / "dbt" / "gold.db" / "completeness") if r.source == s.name]
+    assert (certified.complete_through_lsn, certified.last_change_seq) == (loaded.loaded_safe_lsn, 11)
+    assert (certified.verify_status, certified.tables_verified) == (None, 0)
+    assert results["model.changelake.completeness"]["adapter_response"]["code"] == "completeness"
+    activity = [r for r in read(warehouse / "dbt" / "gold.db" / "fct_change_activity") if r.source == s.name]
+    assert sum(r.change_count for r in activity) == 11
+    assert {r.action for r in activity} == {"insert", "update", "delete"}
+    shapes = [r for r in read(warehouse / "dbt" / "gold.db" / "schema_changes") if r.source == s.name]
+    assert [(r.table_name, r.change_kind) for r in shapes] == [("orders", "table_added")]
 
     typed = {r.id: r for r in read(warehouse / "dbt" / "typed_orders")}
     assert sorted(typed) == [1, 2, 4, 6, 7]

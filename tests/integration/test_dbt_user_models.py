@@ -109,7 +109,7 @@ def test_user_models_read_each_change_once_across_a_killed_run(
     capture_once(warehouse, s.config())
     # The tests of completeness and of the example models only (one row per (source, seq) in the
     # change log after the killed run, one per key in the records): the others are the dbt flow's.
-    selection = ("--select", "+path:models/examples", "+completeness", "*completeness*")
+    selection: tuple[str, ...] = ("--select", "+path:models/examples", "+completeness", "*completeness*")
     selection += ("*changelake_rules_example_*",)
     selection += ("--indirect-selection", "empty")
     dbt(warehouse, "build", *NO_UNIT_TESTS, *selection, *EXAMPLES)
