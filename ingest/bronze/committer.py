@@ -50,7 +50,7 @@ class Batch:
     mid_transaction: bool = False
     end_lsns: dict[int, int] = field(default_factory=dict)  # commit LSN -> end LSN of its transaction
     resume_token: str | None = None  # stored with the raised position (MongoDB: how to reopen the stream)
-    size_bytes: int = 0  # what its events weigh (batcher.event_bytes), for the committer's byte bound
+    size_bytes: int = 0  # what its events weigh (pending.event_bytes), for the committer's byte bound
     rows: list[RowSlice] = field(default_factory=list)  # decoded rows of streamed transactions, stamped on write
     last_position: tuple[int, int] | None = None  # the batch's last position, when it ends with `rows`
 

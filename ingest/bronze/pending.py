@@ -45,6 +45,10 @@ _GETTERS: Final = tuple((WAL_EVENTS.field(n).type, itemgetter(ChangeEvent._field
 # Decoded rows held in memory per transaction past which its batches go to its IPC file.
 SPILL_BYTES: Final = 32 * 1024 * 1024
 BATCH_ROWS: Final = 8192  # events per record batch (a batch also ends where the part changes)
+# Or fewer: a batch also ends once its events' texts reach this many characters (event_bytes), so
+# a transaction of wide rows (2,000 rows of 1 MiB) is never held as one list of decoded events and
+# then copied whole into one record batch (4.3 GiB of peak RSS for those 2 GiB of values).
+BATCH_CHARS: Final = 8 * 1024 * 1024
 
 
 def to_batch(events: Sequence[ChangeEvent]) -> pa.RecordBatch:
@@ -53,8 +57,17 @@ def to_batch(events: Sequence[ChangeEvent]) -> pa.RecordBatch:
     return pa.record_batch([pa.array(map(get, events), typ, size=n) for typ, get in _GETTERS], schema=PENDING_SCHEMA)
 
 
+def event_bytes(event: ChangeEvent) -> int:
+    """What an event weighs in a batch: the length of its record, old record and message texts.
+
+    Characters, not encoded bytes (the texts are JSON, mostly ASCII, and `len` costs nothing on
+    the hot path); keys are left out, being small beside the records they belong to.
+    """
+    return len(event.record or "") + len(event.old_record or "") + len(event.message_content or "")
+
+
 def row_sizes(batch: pa.RecordBatch | pa.Table) -> pa.Array:
-    """What each row weighs in a batch, as batcher.event_bytes counts it: characters of its texts."""
+    """What each row weighs in a batch, as event_bytes counts it: characters of its texts."""
     total: pa.Array | None = None
     for name in ("record", "old_record", "message_content"):
         length = pc.fill_null(pc.utf8_length(batch.column(name)), 0)
@@ -75,6 +88,7 @@ class PendingRows:
 
     spill_bytes: int = SPILL_BYTES
     _events: list[ChangeEvent] = field(default_factory=list)
+    _events_chars: int = 0  # the texts of `_events`, as event_bytes weighs them
     _part: int = 0
     _held: list[tuple[int, pa.RecordBatch]] = field(default_factory=list)
     _held_bytes: int = 0
@@ -91,17 +105,27 @@ class PendingRows:
 
     def add(self, part: int, event: ChangeEvent) -> None:
         """Take the next event, of part `part` (a subtransaction's xid)."""
-        if part != self._part or len(self._events) >= BATCH_ROWS:
+        if part != self._part or len(self._events) >= BATCH_ROWS or self._events_chars >= BATCH_CHARS:
             self._flush()
             self._part = part
         self._events.append(event)
+        # event_bytes(event), inlined as the batcher does (once per change of a streamed transaction)
+        record, old_record, content = event.record, event.old_record, event.message_content
+        self._events_chars += (
+            (len(record) if record else 0) + (len(old_record) if old_record else 0) + (len(content) if content else 0)
+        )
         self.rows += 1
+
+    @property
+    def unbatched_chars(self) -> int:
+        """Characters of the texts of the events taken but not yet in a record batch."""
+        return self._events_chars
 
     def _flush(self) -> None:
         if not self._events:
             return
         batch = to_batch(self._events)
-        self._events = []
+        self._events, self._events_chars = [], 0
         if self._file is None:
             self._held.append((self._part, batch))
             self._held_bytes += batch.nbytes
@@ -126,7 +150,7 @@ class PendingRows:
         """Drop the rows of part `part`."""
         self._aborted.add(part)
         if self._part == part:
-            self._events = []
+            self._events, self._events_chars = [], 0
         self._held = [(p, b) for p, b in self._held if p != part]
         self._held_bytes = sum(b.nbytes for _, b in self._held)
 
@@ -159,7 +183,7 @@ class PendingRows:
         if self._file is not None:
             self._file.close()
         self._file = self._writer = None
-        self._held, self._held_bytes, self._events = [], 0, []
+        self._held, self._held_bytes, self._events, self._events_chars = [], 0, [], 0
 
 
 @dataclass(frozen=True, slots=True)

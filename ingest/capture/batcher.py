@@ -43,15 +43,6 @@ class CommitSink(Protocol):
         """Wait until every submitted batch is durable (raises a failure)."""
 
 
-def event_bytes(event: ChangeEvent) -> int:
-    """What an event weighs in a batch: the length of its record, old record and message texts.
-
-    Characters, not encoded bytes (the texts are JSON, mostly ASCII, and `len` costs nothing on
-    the hot path); keys are left out, being small beside the records they belong to.
-    """
-    return len(event.record or "") + len(event.old_record or "") + len(event.message_content or "")
-
-
 def boundary_position(boundary: int) -> int:
     """The inclusive durable position a stream boundary stands for: everything strictly before it."""
     return max(0, boundary - 1)

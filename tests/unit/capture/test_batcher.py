@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ingest.bronze.committer import Batch
-from ingest.capture.batcher import IDLE_POSITION_INTERVAL_S, Resume, TransactionBatcher, event_bytes
+from ingest.bronze.pending import event_bytes
+from ingest.capture.batcher import IDLE_POSITION_INTERVAL_S, Resume, TransactionBatcher
 from ingest.config import BatchConfig
 from ingest.events import Action, ChangeEvent
 

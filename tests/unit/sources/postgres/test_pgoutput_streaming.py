@@ -24,6 +24,7 @@ from ingest.bronze.writer import wal_rows
 from ingest.capture.batcher import Resume, TransactionBatcher
 from ingest.config import BatchConfig
 from ingest.errors import SourceError
+from ingest.events import Action, ChangeEvent
 from ingest.sources.postgres import native, streamed
 from ingest.sources.postgres.changes import ChangeBuilder, TxnEnd
 from ingest.sources.postgres.inflight import EarlyCatalog, InflightTransaction
@@ -423,4 +424,28 @@ def test_a_decoded_rows_file_cut_short_is_an_error() -> None:
     rows._file.truncate(rows._file.tell() - 50)  # the local disk lost the file's end
     with pytest.raises(SourceError, match="ended early or is damaged"):
         list(rows.batches())
+    rows.close()
+
+
+def test_wide_rows_of_an_uncommitted_transaction_are_batched_by_size() -> None:
+    """Rows of 1 MiB wait in record batches of about pending.BATCH_CHARS, not in one list of every event.
+
+    A transaction updating 2,000 rows of 1 MiB held all 2,000 decoded events, then copied them into
+    one record batch at its commit (4.3 GiB of peak RSS for 2 GiB of values: bench/wide_rows_rss.py
+    --random-values); each batch now ends once its texts reach BATCH_CHARS, and the rows come back
+    whole and in order.
+    """
+    width = 1 << 20
+    rows = pending.PendingRows(spill_bytes=16 * width)
+    values = [f'{{"id":{i},"v":"{chr(97 + i % 26) * width}"}}' for i in range(40)]
+    most_unbatched = 0
+    for i, value in enumerate(values):
+        rows.add(7, ChangeEvent(0, 0, 7, 0, Action.UPDATE, "public", "wide", 1, f'{{"id":{i}}}', None, value))
+        most_unbatched = max(most_unbatched, rows.unbatched_chars)
+    assert most_unbatched <= pending.BATCH_CHARS + len(values[0]), most_unbatched
+    batches = list(rows.batches())
+    assert len(batches) >= len(values) * width // pending.BATCH_CHARS
+    assert all(b.nbytes <= pending.BATCH_CHARS + 2 * width for b in batches), [b.nbytes for b in batches]
+    assert [r for b in batches for r in b.column("record").to_pylist()] == values
+    assert rows.spilled  # past spill_bytes the batches went to the file, as before
     rows.close()
