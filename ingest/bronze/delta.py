@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, QueryBuilder, Transaction, write_deltalake
+from deltalake import CommitProperties, DeltaTable, QueryBuilder, Transaction, WriterProperties, write_deltalake
 from deltalake.exceptions import (
     CommitFailedError,
     DeltaError,
@@ -175,8 +175,17 @@ class DeltaTables:
         with self.lock(uri):
             self._io("add columns", (uri,), attempt)
 
-    def append(self, uri: str, data: pa.Table, app_id: str | None = None, version: int | None = None) -> bool:
+    def append(
+        self,
+        uri: str,
+        data: pa.Table,
+        app_id: str | None = None,
+        version: int | None = None,
+        writer_properties: WriterProperties | None = None,
+    ) -> bool:
         """Append `data` in one commit; with `app_id`/`version`, exactly once. False: already committed.
+
+        `writer_properties`: how the Parquet files are written (None: delta-rs's defaults).
 
         delta-rs records the app transaction but, unlike Spark, does not skip a version it has
         already committed: the table's recorded version for `app_id` is read (after loading the
@@ -193,7 +202,17 @@ class DeltaTables:
                 if recorded is not None and recorded >= version:
                     log.info("skipped a committed batch uri=%s app_id=%s version=%d", uri, app_id, version)
                     return False
-            write_deltalake(dt, data, mode="append", schema_mode="merge", commit_properties=props)
+            if writer_properties is None:
+                write_deltalake(dt, data, mode="append", schema_mode="merge", commit_properties=props)
+            else:
+                write_deltalake(
+                    dt,
+                    data,
+                    mode="append",
+                    schema_mode="merge",
+                    commit_properties=props,
+                    writer_properties=writer_properties,
+                )
             return True
 
         with self.lock(uri):

@@ -154,6 +154,21 @@ class BronzeTable:
     partition_by: tuple[str, ...]
     properties: tuple[tuple[str, str], ...] = ()
 
+    def unindexed_columns(self) -> tuple[str, ...]:
+        """The text columns outside `delta.dataSkippingStatsColumns`: written without Parquet statistics.
+
+        delta-rs keeps the table's log statistics to the listed columns but still has its Parquet
+        writer compute page and chunk min/max for every column, copying whole values: the JSON
+        record of a 1 MiB row cost ~100 MiB more peak RSS per 32 MiB batch written (bench/
+        wide_rows_rss.py --random-values) for statistics nothing reads. Other columns keep theirs
+        (Spark's Parquet reader may skip row groups by them). None without the property.
+        """
+        listed = dict(self.properties).get("delta.dataSkippingStatsColumns")
+        if listed is None:
+            return ()
+        keep = set(listed.split(",")) | set(self.partition_by)
+        return tuple(f.name for f in self.schema if f.name not in keep and pa.types.is_string(f.type))
+
 
 # The log of every bronze table. Ingest commits often (a batch per `batch.max_seconds` when
 # changes trickle in), and a reader's cost follows the number of log files kept: Spark lists the

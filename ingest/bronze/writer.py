@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+from deltalake import ColumnProperties, WriterProperties
 
 from ingest.bronze.pending import RowSlice, stamp
 from ingest.bronze.schemas import (
@@ -127,6 +129,16 @@ def _strings(n: int, column: tuple[bytes, bytes]) -> pa.Array:
     return array
 
 
+@functools.cache
+def _writer_properties(table: BronzeTable) -> WriterProperties | None:
+    """Parquet settings of `table`'s appends: no statistics for its unindexed text columns."""
+    columns = table.unindexed_columns()
+    if not columns:
+        return None
+    off = ColumnProperties(statistics_enabled="NONE")
+    return WriterProperties(column_properties=dict.fromkeys(columns, off))
+
+
 def _page_to_arrow(source: str, source_kind: str, writer_id: str, page: SnapshotPage) -> pa.Table:
     """The page as snapshot_pages rows (an empty page is one row of no record), built column by column.
 
@@ -216,7 +228,7 @@ class BronzeWriter(BronzeState):
     def _append(self, table: BronzeTable, data: pa.Table, source: str, app_id: str | None, version: int | None) -> None:
         uri = self.path(table)
         try:
-            self.tables.append(uri, data, app_id, version)
+            self.tables.append(uri, data, app_id, version, _writer_properties(table))
         except BronzeWriteError:
             raise
         except Exception as e:
