@@ -42,7 +42,7 @@ from ingest.sources.postgres.capture import PostgresCapture
 from ingest.sources.postgres.replication import ReplicationStream
 from ingest.sources.postgres.restart_point import advance_restart_point
 from tests.helpers.pg import PgSource, bronze_events, capture_once, confirmed_flush, prepare
-from tests.helpers.scratch_pg import ScratchCluster, pg_bindir
+from tests.helpers.scratch_pg import ScratchCluster
 from tests.integration.test_pg_failover import _captured, _slot, _sync
 from tests.integration.test_pg_streaming import LOW_WORK_MEM
 
@@ -76,7 +76,6 @@ def dsn(request: pytest.FixtureRequest) -> Iterator[str]:
             pytest.skip("CHANGELAKE_PG_DSN not set")
         yield shared
         return
-    need(major)
     cluster = ScratchCluster(PORT_BASE + major, major=major)
     try:
         yield cluster.dsn
@@ -89,13 +88,6 @@ def src(dsn: str) -> Iterator[PgSource]:
     s = PgSource(dsn, TABLES_SQL, ["items"])
     yield s
     s.drop()
-
-
-def need(major: int) -> None:
-    try:
-        pg_bindir(major)
-    except RuntimeError as e:
-        pytest.skip(f"PostgreSQL {major} binaries are missing ({e})")
 
 
 def streaming_source(cfg: PostgresSource) -> PostgresSource:
@@ -223,7 +215,6 @@ def test_the_next_run_after_a_large_streamed_transaction_does_not_decode_it_agai
 
 def test_a_standby_slot_is_advanced_too(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Capture from a standby (16): its slot decodes the primary's running-transactions records alike."""
-    need(STANDBY_MAJOR)
     primary = ScratchCluster(PRIMARY_PORT, major=STANDBY_MAJOR)
     standby: ScratchCluster | None = None
     s: PgSource | None = None
@@ -282,7 +273,6 @@ def test_an_advance_refused_for_a_slot_held_elsewhere_does_not_stop_ingest(
 def test_a_slot_a_standby_synchronizes_is_left_alone(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A failover slot a standby synchronizes from its primary (17): the server refuses to decode it there, even
     to advance it; ingest pointed at the standby does not try (a quiet line), and the slot stays as synchronized."""
-    need(SYNCED_MAJOR)
     primary = ScratchCluster(SYNC_PRIMARY_PORT, major=SYNCED_MAJOR)
     standby: ScratchCluster | None = None
     try:
