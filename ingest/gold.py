@@ -152,17 +152,14 @@ def tables_from_rows(rows: Iterable[Mapping[str, Any]]) -> list[GoldTable]:
 
 
 def read_table_columns(path: str, storage_options: dict[str, str] | None = None) -> list[dict[str, Any]]:
-    """The rows of silver's table_columns Delta table at `path` (ConfigError if there is none)."""
-    from deltalake import DeltaTable
+    """The rows of silver's table_columns Delta table at `path` (ConfigError if there is none).
+
+    Read through DeltaTables: a transient I/O failure is retried, then BronzeUnavailableError (exit 75).
+    """
     from deltalake.exceptions import TableNotFoundError
 
-    try:
-        dt = DeltaTable(path, storage_options=storage_options or None)
-    except TableNotFoundError:
-        raise ConfigError(
-            f"gold generate: no silver table_columns at {path}; run `dbt build` (or `dbt run --select "
-            "table_columns`) after ingest first, or give its location with --table-columns"
-        ) from None
+    from ingest.bronze.delta import DeltaTables
+
     cols = [
         "source",
         "table_schema",
@@ -173,7 +170,14 @@ def read_table_columns(path: str, storage_options: dict[str, str] | None = None)
         "spark_type",
         "pk_position",
     ]
-    rows: list[dict[str, Any]] = dt.to_pyarrow_table(columns=cols).to_pylist()
+    try:
+        table = DeltaTables(storage_options or None).query(f"select {', '.join(cols)} from t", t=path)
+    except TableNotFoundError:
+        raise ConfigError(
+            f"gold generate: no silver table_columns at {path}; run `dbt build` (or `dbt run --select "
+            "table_columns`) after ingest first, or give its location with --table-columns"
+        ) from None
+    rows: list[dict[str, Any]] = table.to_pylist()
     return rows
 
 

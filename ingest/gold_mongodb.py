@@ -393,11 +393,13 @@ def read_shapes(
     refuses the table); memory is one batch plus the paths seen.
     """
     import pyarrow as pa
-    from deltalake import DeltaTable, QueryBuilder
     from deltalake.exceptions import TableNotFoundError
 
+    from ingest.bronze.delta import DeltaTables
+
+    tables = DeltaTables(storage_options or None)
     try:
-        dt = DeltaTable(path, storage_options=storage_options or None)
+        dt = tables.pinned(path)  # a transient I/O failure retried, then BronzeUnavailableError (exit 75)
     except TableNotFoundError:
         raise ConfigError(
             f"gold generate: no silver consumer_records at {path}; run `dbt build` after ingest first, or give "
@@ -411,7 +413,7 @@ def read_shapes(
             f"where source = '{name}' and not deleted and record is not null"
         )
         by_collection: dict[tuple[str, str], CollectionShape] = {}
-        for batch in QueryBuilder().register("t", dt).execute(sql):
+        for batch in tables.batches(sql, path, dt):
             shapes_from_rows(pa.record_batch(batch).to_pylist(), src.name, depth, by_collection)
         shapes += [by_collection[k] for k in sorted(by_collection)]
     return shapes

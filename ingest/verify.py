@@ -36,8 +36,8 @@ from functools import partial
 from typing import Any
 
 import pyarrow as pa
-from deltalake import DeltaTable, QueryBuilder
 
+from ingest.bronze.delta import DeltaTables
 from ingest.bronze.schemas import SNAPSHOT_PAGES_TABLE, VERIFICATION_RUNS_TABLE, WAL_EVENTS_TABLE
 from ingest.bronze.state import sql_str
 from ingest.bronze.writer import BronzeWriter
@@ -437,24 +437,31 @@ def silver_path(writer: BronzeWriter, reread_from: str | None = None) -> str:
 
 
 class Silver:
-    """consumer_records at one version: the position it is complete to, and a table's records."""
+    """consumer_records at one version: the position it is complete to, and a table's records.
+
+    Reads go through DeltaTables: a transient I/O failure is retried, then BronzeUnavailableError
+    (exit 75), as for bronze.
+    """
 
     def __init__(self, path: str, storage_options: dict[str, str] | None = None) -> None:
         """Open the table at its latest version; every read below sees that version."""
+        self.tables = DeltaTables(storage_options)
         try:
-            self.table = DeltaTable(path, storage_options=storage_options)
+            self.table = self.tables.pinned(path)
+        except BronzeWriteError:
+            raise
         except Exception as e:
             raise BronzeWriteError(f"cannot read silver consumer_records at {path}: {e}") from e
         self.path = path
 
-    def _query(self, sql: str) -> pa.RecordBatchReader:
-        qb = QueryBuilder()
-        qb.register("t", self.table)
-        return qb.execute(sql)
+    def _query(self, sql: str) -> Iterator[pa.RecordBatch]:
+        return self.tables.batches(sql, self.path, self.table)
 
     def position(self, source: str) -> int | None:
         """The highest position of any of the source's records (None: none yet)."""
-        rows = self._query(f"select max(commit_lsn) as m from t where source = {sql_str(source)}").read_all()
+        rows = pa.Table.from_batches(
+            self._query(f"select max(commit_lsn) as m from t where source = {sql_str(source)}")
+        )
         m = rows.column("m").to_pylist()[0]
         return int(m) if m is not None else None
 
@@ -597,5 +604,7 @@ def record_run(writer: BronzeWriter, run: Run) -> None:
     writer.tables.create(uri, t.schema, t.partition_by, dict(t.properties))
     try:
         writer.tables.append(uri, run.to_arrow())
+    except BronzeWriteError:  # BronzeUnavailableError among them: exit 75, not 2
+        raise
     except Exception as e:
         raise BronzeWriteError(f"append to {uri} failed: {e}") from e

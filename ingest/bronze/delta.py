@@ -12,7 +12,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import pyarrow as pa
@@ -270,6 +270,38 @@ class DeltaTables:
             return pa.RecordBatchReader.from_stream(qb.execute(sql)).read_all()
 
         return self._io("query", tuple(tables.values()), attempt)
+
+    def pinned(self, uri: str) -> DeltaTable:
+        """The table at `uri` at its latest version, kept apart from this object's tables: it stays at that version."""
+        return self._io("open", (uri,), lambda: DeltaTable(uri, storage_options=self.storage_options))
+
+    def batches(self, sql: str, uri: str, table: DeltaTable | None = None) -> Iterator[pa.RecordBatch]:
+        """The record batches of `sql` over one table registered as `t`: `table` (a version of `uri`), or its latest.
+
+        One batch in memory at a time. Opening the table and reading the first batch ride out a
+        transient I/O failure as every operation does; one after batches were handed out cannot be
+        retried here (they were consumed): BronzeUnavailableError at once.
+        """
+
+        def first() -> tuple[Iterator[pa.RecordBatch], pa.RecordBatch | None]:
+            qb = QueryBuilder().register("t", table if table is not None else self._load(uri))
+            # Through pyarrow's reader: a failed read is an ArrowException that transient_io knows.
+            rest = iter(pa.RecordBatchReader.from_stream(qb.execute(sql)))
+            return rest, next(rest, None)
+
+        rest, batch = self._io("query", (uri,), first)
+        if batch is None:
+            return
+        try:
+            yield batch
+            yield from rest
+        except Exception as e:
+            if not transient_io(e):
+                raise
+            raise BronzeUnavailableError(
+                f"query of {uri} failed on I/O after it had returned rows: {one_line(e)}; restore access to the "
+                "warehouse and run the command again"
+            ) from e
 
     def _exists(self, uri: str) -> bool:
         if DeltaTable.is_deltatable(uri, self.storage_options):

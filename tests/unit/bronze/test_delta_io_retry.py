@@ -27,8 +27,10 @@ from deltalake.exceptions import (
 from ingest import cli
 from ingest.bronze import delta
 from ingest.bronze.delta import DeltaTables, transient_io
-from ingest.bronze.schemas import STREAM_POSITIONS_TABLE
+from ingest.bronze.schemas import STREAM_POSITIONS_TABLE, VERIFICATION_RUNS_TABLE
+from ingest.bronze.writer import BronzeWriter
 from ingest.errors import BronzeUnavailableError, BronzeWriteError
+from ingest.verify import Run, Silver, TableResult, record_run
 
 SCHEMA = pa.schema([("id", pa.int64()), ("v", pa.string())])
 ROWS = pa.table({"id": [1, 2], "v": ["a", "b"]}, schema=SCHEMA)
@@ -347,3 +349,132 @@ def test_status_of_a_warehouse_that_cannot_be_read_exits_75_in_one_line(
     assert err.count("\n") == 1 and "Traceback" not in err and "\x1b" not in err, err
     assert err.startswith("changelake-ingest: warehouse unavailable: "), err
     assert f"{warehouse}/bronze/stream_positions" in err, err
+
+
+# -- silver and verify's own bronze table: verify and gold generate ------------------------------
+
+SILVER_RECORDS = pa.schema(
+    [
+        ("source", pa.string()),
+        ("table_schema", pa.string()),
+        ("table_name", pa.string()),
+        ("record_pk", pa.string()),
+        ("record", pa.string()),
+        ("commit_lsn", pa.int64()),
+        ("deleted", pa.bool_()),
+        ("needs_reread", pa.bool_()),
+    ]
+)
+TABLE_COLUMNS = pa.schema(
+    [
+        ("source", pa.string()),
+        ("table_schema", pa.string()),
+        ("table_name", pa.string()),
+        ("ordinal_position", pa.int32()),
+        ("column_name", pa.string()),
+        ("type_name", pa.string()),
+        ("spark_type", pa.string()),
+        ("pk_position", pa.int32()),
+    ]
+)
+
+
+def silver_table(warehouse: Path, name: str, what: str) -> str:
+    """Silver's `name` (consumer_records or table_columns) with one row; `what` is made unreadable (log, data file)."""
+    uri = str(warehouse / "dbt" / "silver.db" / name)
+    row: dict[str, Any]
+    if name == "consumer_records":
+        row = {"source": "shop", "table_schema": "app", "table_name": "orders", "record_pk": '{"_id":1}'}
+        row |= {"record": '{"_id":1,"a":1}', "commit_lsn": 7, "deleted": False, "needs_reread": False}
+        write_deltalake(uri, pa.Table.from_pylist([row], schema=SILVER_RECORDS))
+    else:
+        row = {"source": "shop", "table_schema": "public", "table_name": "orders", "ordinal_position": 1}
+        row |= {"column_name": "id", "type_name": "int4", "spark_type": "int", "pk_position": 1}
+        write_deltalake(uri, pa.Table.from_pylist([row], schema=TABLE_COLUMNS))
+    if what == "log":
+        BrokenLog(uri).break_it()
+    elif what == "data file":
+        (data,) = Path(uri).glob("*.parquet")
+        data.unlink()
+        data.mkdir()
+    return uri
+
+
+@pytest.mark.parametrize("what", ["log", "data file"])
+def test_verify_reading_an_unreadable_silver_is_unavailable(
+    tmp_path: Path, what: str, retries_logged: Callable[[], int]
+) -> None:
+    """Silver was opened with DeltaTable() and read with a bare QueryBuilder: no retry; exit 2 or 1."""
+    uri = silver_table(tmp_path / "wh", "consumer_records", what)
+    with pytest.raises(BronzeUnavailableError, match="consumer_records"):
+        Silver(uri).position("shop")
+    assert retries_logged() == delta.IO_ATTEMPTS - 1
+
+
+def test_verify_reads_a_readable_silver_at_one_version(tmp_path: Path) -> None:
+    uri = str(tmp_path / "records")
+    row = {"source": "shop", "table_schema": "app", "table_name": "orders", "record_pk": "1", "record": "{}"}
+    write_deltalake(uri, pa.Table.from_pylist([row | {"commit_lsn": 7, "deleted": False, "needs_reread": True}]))
+    silver = Silver(uri)
+    later = pa.Table.from_pylist([row | {"commit_lsn": 9, "deleted": False, "needs_reread": False}])
+    write_deltalake(uri, later, mode="overwrite")
+    assert silver.position("shop") == 7 and silver.position("other") is None
+    assert silver.reread_keys("shop", "app", "orders") == {"1"}
+    assert [r for batch in silver.rows("shop", "app", "orders")() for r in batch] == [("1", "{}")]
+    assert Silver(uri).position("shop") == 9
+
+
+def test_recording_a_verify_run_on_a_failing_warehouse_is_unavailable(
+    tmp_path: Path, retries_logged: Callable[[], int]
+) -> None:
+    """record_run rewrapped the append's BronzeUnavailableError into a BronzeWriteError: exit 2, not 75."""
+    writer = BronzeWriter(tmp_path / "wh")
+    uri = writer.path(VERIFICATION_RUNS_TABLE)
+    t = VERIFICATION_RUNS_TABLE
+    writer.tables.create(uri, t.schema, t.partition_by, dict(t.properties))
+    (Path(uri) / "source=shop").write_text("a file where the partition's folder goes")  # os error 20 on write
+    run = Run(results=[TableResult("shop", "public.orders")])
+    with pytest.raises(BronzeUnavailableError, match="append"):
+        record_run(writer, run)
+    assert retries_logged() == delta.IO_ATTEMPTS - 1
+
+
+GOLD_CONFIG = """
+warehouse: {warehouse}
+sources:
+  - {source}
+"""
+GOLD_SOURCES = {
+    "table_columns": "{name: shop, kind: postgres, dsn: 'postgresql://nobody@127.0.0.1:1/x', tables: [public.orders]}",
+    "consumer_records": "{name: shop, kind: mongodb, uri: 'mongodb://127.0.0.1:1/', database: app}",
+}
+
+
+@pytest.mark.parametrize("what", ["log", "data file"])
+@pytest.mark.parametrize("silver", ["table_columns", "consumer_records"])
+def test_gold_generate_on_an_unreadable_silver_exits_75_in_one_line(
+    tmp_path: Path, silver: str, what: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """gold generate opened silver with DeltaTable(): exit 1 "internal error ... please report it"."""
+    warehouse = tmp_path / "wh"
+    uri = silver_table(warehouse, silver, what)
+    config = tmp_path / "c.yml"
+    config.write_text(GOLD_CONFIG.format(warehouse=warehouse, source=GOLD_SOURCES[silver]))
+    out = tmp_path / "models"
+    assert cli.main(["-c", str(config), "gold", "generate", "--out", str(out)]) == cli.EXIT_TEMPFAIL
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and "\x1b" not in err, err
+    assert err.startswith("changelake-ingest: warehouse unavailable: "), err
+    assert uri in err, err
+    assert not out.exists() or not any(out.iterdir())
+
+
+@pytest.mark.parametrize("silver", ["table_columns", "consumer_records"])
+def test_gold_generate_reads_a_readable_silver(tmp_path: Path, silver: str, capsys: pytest.CaptureFixture[str]) -> None:
+    warehouse = tmp_path / "wh"
+    silver_table(warehouse, silver, "nothing")
+    config = tmp_path / "c.yml"
+    config.write_text(GOLD_CONFIG.format(warehouse=warehouse, source=GOLD_SOURCES[silver]))
+    out = tmp_path / "models"
+    assert cli.main(["-c", str(config), "gold", "generate", "--out", str(out)]) == 0, capsys.readouterr().err
+    assert any(p.suffix == ".sql" for p in out.rglob("*"))
