@@ -28,6 +28,7 @@ from pymongo import MongoClient
 from ingest.bronze.writer import BronzeWriter
 from ingest.sources.mongodb.changes import pack_cluster_time, record_key
 from ingest.sources.mongodb.source import cluster_time
+from tests.helpers.bronze_fold import live_records
 from tests.helpers.delta_rows import read
 from tests.helpers.ingest_process import run_killed
 from tests.helpers.pg import ROOT, bronze_events, drop_slot, prepare
@@ -132,6 +133,118 @@ def test_pg_resnapshot_recovery_killed_at_any_step_still_resnapshots_every_table
     s.execute("insert into items values (5, 'e')")
     assert run_killed(cfg, None, None, once=True, stop_after=60) == 0
     assert bronze_events(warehouse, s.name)[-1].record == '{"id":5,"v":"e"}'
+
+
+def folded(warehouse: Path, source: str) -> dict[str, dict[str, Any]]:
+    """Bronze folded to each table's live records (bronze_fold), less the keys silver finds absent.
+
+    A table's last complete whole-table snapshot ends every record it did not read (docs/snapshots.md,
+    "Re-snapshots find deletes"); the fold is taken before any later change of the table.
+    """
+    live = live_records(warehouse, source)
+    pages = read(warehouse / "bronze/snapshot_pages", f"source = '{source}'")
+    events = bronze_events(warehouse, source)
+    for table, records in live.items():
+        whole: dict[str, list[Any]] = {}
+        for p in pages:
+            if f"{p.table_schema}.{p.table_name}" == table and p.table_snapshot is not None:
+                whole.setdefault(p.table_snapshot["id"], []).append(p)
+        complete = [
+            rows
+            for rows in whole.values()
+            if len({r.snapshot_id for r in rows if r.last_page}) == rows[0].table_snapshot["parts"]
+        ]
+        if not complete:
+            continue
+        last = max(complete, key=lambda rows: max(r.high_watermark_lsn for r in rows))
+        at = max(r.high_watermark_lsn for r in last)
+        later = [
+            e
+            for e in events
+            if e.commit_lsn > at and table in (f"{e.table_schema}.{e.table_name}", *(e.truncated_tables or ()))
+        ]
+        assert later == [], f"{table}: changed after its last whole-table snapshot"
+        keys = [r.record_pk for r in last if r.record_pk is not None]
+        assert len(keys) == len(set(keys)), f"{table}: a key read twice by one snapshot"
+        live[table] = {k: v for k, v in records.items() if k in keys}
+    return live
+
+
+def source_records(s: Any, table: str) -> list[dict[str, Any]]:
+    """The source table's rows as `record` holds them (simple types only), sorted."""
+    rows = s.conn.execute(f"select row_to_json(t)::text from {s.schema}.{table} t").fetchall()
+    return sorted((json.loads(r[0]) for r in rows), key=lambda r: json.dumps(r, sort_keys=True))
+
+
+@pytest.mark.parametrize("crash_at", PG_POINTS)
+def test_pg_resnapshot_recovery_with_a_tombstone_killed_at_any_step_loses_and_resurrects_nothing(
+    crash_at: str, tmp_path: Path, make_source: Any
+) -> None:
+    """The truncate fallback, killed at each step: a keyless partitioned table cannot be re-snapshotted.
+
+    Its records are truncated just below the new slot's start (once, however often the recovery is
+    started again) and come back as its rows change; the keyed table is re-snapshotted whole. Folded,
+    bronze holds every row of the keyed table and none a row the source no longer has.
+    """
+    s = make_source(
+        "create table items (id int primary key, v text);"
+        "create table notes (v text, region text) partition by list (region);"
+        "create table notes_eu partition of notes for values in ('eu');"
+        "create table notes_us partition of notes for values in ('us');"
+        "alter table notes replica identity full; alter table notes_eu replica identity full;"
+        "alter table notes_us replica identity full",
+        ["items", "notes"],
+    )
+    prepare(s.config())
+    warehouse = tmp_path / "warehouse"
+    cfg = tmp_path / "ingest.yml"
+    source = {"kind": "postgres", "name": s.name, "dsn": s.dsn, "tables": s.tables, "on_history_lost": "resnapshot"}
+    cfg.write_text(yaml.safe_dump({"warehouse": str(warehouse), "batch": {"max_seconds": 0.2}, "sources": [source]}))
+    s.execute("insert into items values (1, 'a'), (2, 'b'), (3, 'c')")
+    s.execute("insert into notes values ('a', 'eu'), ('b', 'us'), ('c', 'eu')")
+    assert run_killed(cfg, None, None, once=True, stop_after=60) == 0
+    items, tombstoned = f"{s.schema}.items", f"{s.schema}.notes"
+    assert sorted(json.dumps(r, sort_keys=True) for r in folded(warehouse, s.name)[tombstoned].values()) == [
+        json.dumps(r, sort_keys=True) for r in source_records(s, "notes")
+    ]
+    pages = read(warehouse / "bronze/snapshot_pages", f"source = '{s.name}'")
+    before_gap = max([e.commit_lsn for e in bronze_events(warehouse, s.name)] + [p.high_watermark_lsn for p in pages])
+    # The history is lost: the slot goes, and both tables change while there is none.
+    drop_slot(s.conn, f"changelake_{s.name}")
+    s.execute("delete from items where id = 1")
+    s.execute("update items set v = 'gap' where id = 2")
+    s.execute("insert into items values (4, 'd')")
+    s.execute("delete from notes where v = 'a'")
+    s.execute("update notes set v = 'c2' where v = 'c'")
+    s.execute("insert into notes values ('d', 'us')")
+
+    def tombstones() -> list[Any]:
+        return [e for e in bronze_events(warehouse, s.name) if e.message_prefix == "changelake.historyLost"]
+
+    assert run_killed(cfg, crash_at, None, once=True, stop_after=60) == -signal.SIGKILL, f"{crash_at} not reached"
+    written = len(tombstones())
+    assert written == (0 if crash_at == "recovery_after_snapshot_requests:1" else 1)
+    assert run_killed(cfg, None, None, once=True, stop_after=60) == 0
+
+    (tombstone,) = tombstones()  # written once, however often the recovery ran
+    assert (tombstone.action, list(tombstone.truncated_tables)) == ("truncate", [tombstoned])
+    assert tombstone.commit_lsn > before_gap
+    recovered = read(warehouse / "bronze/snapshot_pages", f"source = '{s.name}' and row_index >= 0")
+    assert {p.table_name for p in recovered if p.high_watermark_lsn > tombstone.commit_lsn} == {"items"}
+    writers = [p.writer_id for p, _ in BronzeWriter(warehouse).positions(s.name)]
+    assert writers == ["stream"], f"snapshot writers left unfinished: {writers}"
+    bronze = folded(warehouse, s.name)
+    assert bronze[items] == {json.dumps({"id": r["id"]}, separators=(",", ":")): r for r in source_records(s, "items")}
+    assert bronze[tombstoned] == {}  # truncated: the rows the gap left come back as they change
+
+    s.execute("update notes set v = 'b2' where v = 'b'")
+    s.execute("insert into notes values ('e', 'eu')")
+    assert run_killed(cfg, None, None, once=True, stop_after=60) == 0
+    now = sorted(json.dumps(r, sort_keys=True) for r in live_records(warehouse, s.name)[tombstoned].values())
+    assert now == sorted(
+        json.dumps(r, sort_keys=True) for r in ({"v": "b2", "region": "us"}, {"v": "e", "region": "eu"})
+    )
+    assert set(now) <= {json.dumps(r, sort_keys=True) for r in source_records(s, "notes")}
 
 
 # -- MongoDB: mongo-java-server; the oplog loses the resume point (tests/helpers/mongo_history_lost.py) --
