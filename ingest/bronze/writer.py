@@ -136,7 +136,8 @@ def _writer_properties(table: BronzeTable) -> WriterProperties | None:
     if not columns:
         return None
     off = ColumnProperties(statistics_enabled="NONE")
-    return WriterProperties(column_properties=dict.fromkeys(columns, off))
+    # Snappy, as delta-rs writes without properties: given properties, an unset codec means none.
+    return WriterProperties(compression="SNAPPY", column_properties=dict.fromkeys(columns, off))
 
 
 def _page_to_arrow(source: str, source_kind: str, writer_id: str, page: SnapshotPage) -> pa.Table:

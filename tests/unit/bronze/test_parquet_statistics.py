@@ -3,7 +3,9 @@
 Real delta-rs: `BronzeWriter.append_events` and `append_page` into a temporary warehouse, then
 each data file's Parquet footer read with pyarrow. The JSON texts (a record may be 1 MiB) are
 written without page or chunk min/max (they cost ~100 MiB of peak RSS per 32 MiB batch of wide
-rows and prune nothing); positions and table names keep theirs.
+rows and prune nothing); positions and table names keep theirs, and every column is compressed
+as delta-rs compresses without properties (given properties, an unset codec meant none: 2 GiB
+of compressible values went to Parquet uncompressed, +90 MiB of peak RSS).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ WIDE = "x" * 200_000
 
 
 def _statistics(table_dir: Path) -> dict[str, bool]:
-    """Column -> whether every data file's row groups have min/max for it."""
+    """Column -> whether every data file's row groups have min/max for it (each column Snappy-compressed)."""
     files = [table_dir / f for f in DeltaTable(str(table_dir)).file_uris()]
     assert files
     have: dict[str, bool] = {}
@@ -31,6 +33,7 @@ def _statistics(table_dir: Path) -> dict[str, bool]:
         for rg in range(meta.num_row_groups):
             for i in range(meta.num_columns):
                 col = meta.row_group(rg).column(i)
+                assert col.compression == "SNAPPY", (path, col.path_in_schema, col.compression)
                 stats = col.statistics
                 with_min_max = stats is not None and stats.has_min_max
                 have[col.path_in_schema] = have.get(col.path_in_schema, True) and with_min_max
