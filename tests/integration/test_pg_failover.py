@@ -1,7 +1,8 @@
-"""Failover on PostgreSQL 17: ingest continues from the slot a standby synchronized, or refuses (real servers).
+"""Failover on PostgreSQL 17 and 18: ingest continues from the slot a standby synchronized, or refuses (real servers).
 
 A primary and a physical standby of it (a cold copy of its data directory; the bundled majors
-have no pg_basebackup) on PostgreSQL 17 (scripts/pg_versions.sh). Ingest creates its slot as a
+have no pg_basebackup) on PostgreSQL 17, the first with failover slots, and on 18, the newest
+(scripts/pg_versions.sh). Ingest creates its slot as a
 failover slot; the primary lists the standby's physical slot in `synchronized_standby_slots`, so
 no change reaches ingest before the standby has it. The primary is killed (SIGKILL), the standby
 promoted, and ingest pointed at it. With `sync_replication_slots = on` the standby holds the slot,
@@ -26,11 +27,11 @@ from ingest.errors import SlotGapError
 from ingest.events import lsn_to_int
 from tests.helpers.delta_rows import read
 from tests.helpers.pg import PgSource, bronze_events, capture_once, prepare
-from tests.helpers.scratch_pg import ScratchCluster, pg_bindir
+from tests.helpers.scratch_pg import ScratchCluster
 
 pytestmark = pytest.mark.integration
 
-FAILOVER_MAJOR = 17  # the first with failover slots
+FAILOVER_MAJORS = (17, 18)  # the first with failover slots, and the newest
 PRIMARY_PORT, STANDBY_PORT = 25387, 25388
 STANDBY_SLOT = "changelake_failover_standby"
 SYNC_TIMEOUT_S = 30
@@ -44,16 +45,20 @@ def _slot(dsn: str, slot: str) -> dict[str, Any] | None:
     return None if row is None else dict(row[0])
 
 
+@pytest.fixture(params=FAILOVER_MAJORS, ids=[f"pg{m}" for m in FAILOVER_MAJORS])
+def major(request: pytest.FixtureRequest) -> int:
+    """The PostgreSQL major of the pair (a missing one fails the test, as in test_pg_versions: never a skip)."""
+    return int(request.param)
+
+
 @pytest.fixture
-def pair(request: pytest.FixtureRequest) -> Iterator[tuple[ScratchCluster, ScratchCluster]]:
-    """A PostgreSQL 17 primary and its standby; the standby synchronizes failover slots if `request.param`."""
-    try:
-        pg_bindir(FAILOVER_MAJOR)
-    except RuntimeError as e:
-        pytest.skip(f"PostgreSQL {FAILOVER_MAJOR} binaries are missing ({e})")
-    primary = ScratchCluster(PRIMARY_PORT, major=FAILOVER_MAJOR)
+def pair(request: pytest.FixtureRequest, major: int) -> Iterator[tuple[ScratchCluster, ScratchCluster]]:
+    """A primary of `major` and its standby; the standby synchronizes failover slots if `request.param`."""
+    primary = ScratchCluster(PRIMARY_PORT, major=major)
     standby: ScratchCluster | None = None
     try:
+        with psycopg.connect(primary.dsn) as c:
+            assert c.info.server_version // 10000 == major
         sync = ["sync_replication_slots = on"] if request.param else []
         standby = ScratchCluster.standby_of(primary, STANDBY_PORT, STANDBY_SLOT, sync)
         # Set after the copy: a promoted standby that named its own (missing) slot here would hold
