@@ -1,20 +1,24 @@
 """Wide rows in bounded memory: batches and snapshot pages are cut by bytes, not only by count.
 
 A transaction of wide rows goes to bronze in pages of at most `batch.max_bytes` (one row wider than
-that alone); a crash between two pages replays to the same bronze; a snapshot of wide rows is read
-in pages of at most `snapshot.page_bytes`, and resumes after a crash. The source is the oracle:
-what the test wrote, in commit order.
+that alone), also when the server streams it while in progress (protocol 2); a crash between two
+pages replays to the same bronze; a snapshot of wide rows is read in pages of at most
+`snapshot.page_bytes`, and resumes after a crash. The source is the oracle: what the test wrote,
+in commit order.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import signal
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 import yaml
 
@@ -95,6 +99,95 @@ def test_a_transaction_of_wide_rows_goes_in_pages_within_the_byte_budget(warehou
     weights = batch_weights(warehouse, s.name)
     assert len(weights) >= 2 * ROWS * WIDE // MAX_BYTES + 1, weights
     assert all(sum(w) <= MAX_BYTES or len(w) == 1 for w in weights), weights
+
+
+STREAMED_WIDE = 256 * 1024  # characters of random hex per row: incompressible enough to stay wide in TOAST
+STREAMED_ROWS = 40
+STREAMED_MAX_BYTES = 2 * 1024 * 1024  # about seven rows per page
+# The walsender's decoding memory at its minimum, for this source's connections only (a user-settable
+# GUC in the DSN's startup options; ALTER SYSTEM would change it for every other test's slot too).
+LOW_WORK_MEM = "options=-c%20logical_decoding_work_mem%3D64kB"
+
+
+def streamed_txns(dsn: str, slot: str) -> int:
+    """The slot's count of transactions the server streamed in progress (its statistics may lag a little)."""
+    deadline = time.monotonic() + 10
+    with psycopg.connect(dsn, autocommit=True) as c:
+        while True:
+            row = c.execute(
+                "select stream_txns from pg_stat_replication_slots where slot_name = %s", (slot,)
+            ).fetchone()
+            if (row is not None and row[0] >= 1) or time.monotonic() > deadline:
+                return 0 if row is None else int(row[0])
+            time.sleep(0.2)
+
+
+def wal_event_files(warehouse: Path) -> dict[str, int]:
+    """Every Parquet data file under bronze.wal_events (also any a compaction replaced) and its size in bytes."""
+    return {str(f): f.stat().st_size for f in (warehouse / "bronze" / "wal_events").rglob("*.parquet")}
+
+
+@pytest.mark.parametrize("savepoint", [False, True], ids=["one transaction", "a savepoint rolled back inside"])
+def test_a_streamed_transaction_of_wide_rows_lands_once_within_the_byte_budget(
+    warehouse: Path, make_source: Any, savepoint: bool
+) -> None:
+    """The streamed path (protocol 2) with wide rows had no integration test: the other tests' 12 x 150 KB
+    fit in the server's logical_decoding_work_mem, so the server never streamed them.
+
+    One transaction updates 40 rows with distinct 256 KiB random values (10 MiB, against 64 kB of
+    decoding memory); with `savepoint`, a savepoint in its middle inserts and updates wide rows and
+    is rolled back (the server has streamed its changes before the rollback: they must not land).
+    """
+    from ingest.bronze.writer import BronzeWriter
+    from ingest.config import BatchConfig, PostgresSource
+    from ingest.progress import Progress
+    from ingest.sources.postgres.capture import PostgresCapture
+
+    s = make_source("create table items (id int primary key, v text)", ["items"])
+    s.execute(f"insert into items select g, 'narrow' from generate_series(0, {STREAMED_ROWS - 1}) g")
+    dsn = s.dsn + ("&" if "?" in s.dsn else "?") + LOW_WORK_MEM
+    src = PostgresSource(kind="postgres", name=s.name, dsn=dsn, tables=s.tables)
+    prepare(src)
+
+    def wide() -> str:
+        return os.urandom(STREAMED_WIDE // 2).hex()
+
+    expected: list[Change] = []
+    rolled_back: set[str | None] = set()
+    with s.conn.transaction():
+        for i in range(STREAMED_ROWS):
+            if savepoint and i == STREAMED_ROWS // 2:
+                s.execute("savepoint sp")
+                for j in range(8):
+                    gone, undone = wide(), wide()
+                    rolled_back |= {digest(gone), digest(undone)}
+                    s.execute("insert into items values (%s, %s)", (1000 + j, gone))
+                    s.execute("update items set v = %s where id = %s", (undone, j))
+                s.execute("rollback to savepoint sp")
+            v = wide()
+            s.execute("update items set v = %s where id = %s", (v, i))
+            expected.append(("update", i, digest(v)))
+    cap = PostgresCapture(
+        src,
+        BatchConfig(max_bytes=STREAMED_MAX_BYTES, max_seconds=5),
+        BronzeWriter(warehouse),
+        Progress(s.name, enabled=False),
+        snapshots=False,
+    )
+    cap.run(once=True, should_stop=lambda: False)
+
+    assert streamed_txns(s.dsn, src.slot_name) >= 1, (
+        "the server did not stream the transaction: the test proves nothing"
+    )
+    events = bronze_events(warehouse, s.name)
+    assert [(e.action, json.loads(e.record_pk)["id"], digest(json.loads(e.record)["v"])) for e in events] == expected
+    assert all(len(json.loads(e.record)["v"]) == STREAMED_WIDE for e in events)
+    assert not rolled_back & {digest(json.loads(e.record)["v"]) for e in events}
+    weights = batch_weights(warehouse, s.name)
+    assert len(weights) >= STREAMED_ROWS * STREAMED_WIDE // STREAMED_MAX_BYTES, weights
+    assert all(sum(w) <= STREAMED_MAX_BYTES for w in weights), weights
+    files = wal_event_files(warehouse)
+    assert len(files) >= len(weights) and all(size <= STREAMED_MAX_BYTES for size in files.values()), files
 
 
 @pytest.mark.parametrize("crash_at", ["mid_transaction_flush:2", "before_events_commit:3", "after_position_commit:2"])
