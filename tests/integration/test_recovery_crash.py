@@ -32,10 +32,13 @@ from tests.helpers.bronze_fold import live_records
 from tests.helpers.delta_rows import read
 from tests.helpers.ingest_process import run_killed
 from tests.helpers.pg import ROOT, bronze_events, drop_slot, prepare
+from tests.helpers.scratch_pg import ScratchCluster
+from tests.integration.test_pg_restore import restored_past_bronze
 from tests.mongo.server import mongo_java_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash]
 
+RESTORED_PORT = 25349  # a scratch cluster restored from a copy (test_pg_restore.py)
 PG_POINTS = ["recovery_after_snapshot_requests:1", "recovery_after_tombstone:1", "recovery_after_position:1"]
 # MongoDB's tombstone and position go through the committer: its own points fall between them.
 MONGO_POINTS = [
@@ -245,6 +248,47 @@ def test_pg_resnapshot_recovery_with_a_tombstone_killed_at_any_step_loses_and_re
         json.dumps(r, sort_keys=True) for r in ({"v": "b2", "region": "us"}, {"v": "e", "region": "eu"})
     )
     assert set(now) <= {json.dumps(r, sort_keys=True) for r in source_records(s, "notes")}
+
+
+@pytest.mark.parametrize("crash_at", PG_POINTS)
+def test_pg_restored_source_recovery_killed_at_any_step_tombstones_once_and_snapshots_after_it(
+    crash_at: str, tmp_path: Path
+) -> None:
+    """Bronze holds transactions under xids the restored server has not handed out: every table is
+    truncated below the new slot's start and re-snapshotted past it. Killed at each step, the
+    tombstone is still written once and the keyed table comes back whole, without the lost rows.
+    """
+    scratch = ScratchCluster(RESTORED_PORT)
+    try:
+        warehouse = tmp_path / "warehouse"
+        s, _, durable = restored_past_bronze(scratch, tmp_path, warehouse, lost=30, lost_transactions=30)
+        cfg = tmp_path / "ingest.yml"
+        source = {"kind": "postgres", "name": s.name, "dsn": s.dsn, "tables": s.tables, "on_history_lost": "resnapshot"}
+        config = {"warehouse": str(warehouse), "batch": {"max_seconds": 0.2}, "sources": [source]}
+        cfg.write_text(yaml.safe_dump(config))
+        acct = f"{s.schema}.acct"
+
+        def tombstones() -> list[Any]:
+            return [e for e in bronze_events(warehouse, s.name) if e.message_prefix == "changelake.historyLost"]
+
+        assert run_killed(cfg, crash_at, None, once=True, stop_after=60) == -signal.SIGKILL, f"{crash_at} not reached"
+        assert len(tombstones()) == (0 if crash_at == "recovery_after_snapshot_requests:1" else 1)
+        assert run_killed(cfg, None, None, once=True, stop_after=60) == 0
+
+        (tombstone,) = tombstones()  # written once, however often the recovery ran
+        assert (tombstone.action, list(tombstone.truncated_tables)) == ("truncate", [acct])
+        assert tombstone.commit_lsn >= durable
+        found = resnapshotted(warehouse, s.name, "changelake.historyLost")
+        assert found == {acct: [f'{{"id":{i}}}' for i in (101, 102, 103)]}
+        bronze = folded(warehouse, s.name)
+        want = {json.dumps({"id": r["id"]}, separators=(",", ":")): r for r in source_records(s, "acct")}
+        assert bronze[acct] == want  # none of the lost history's ids 1-30
+        s.execute("insert into acct values (104, 'new-104')")
+        assert run_killed(cfg, None, None, once=True, stop_after=60) == 0
+        assert bronze_events(warehouse, s.name)[-1].record == '{"id":104,"owner":"new-104"}'
+        s.conn.close()
+    finally:
+        scratch.remove()
 
 
 # -- MongoDB: mongo-java-server; the oplog loses the resume point (tests/helpers/mongo_history_lost.py) --
