@@ -3,7 +3,7 @@
         For a model configured with report_completeness=true (gold completeness), after it ran:
         this invocation's certificate as the node's result message, so dbt's console line and
         run_results.json (`adapter_response._message`, with `code` 'completeness') carry, per
-        source, "complete through position X, last change committed at T, verify S" without a
+        source, "complete through position X, committed through T, verify S" without a
         query of the table. Reads the rows this invocation appended (run_id = invocation_id).
     -#}
     {%- if not config.get('report_completeness') -%}
@@ -18,7 +18,7 @@
     {%- set parts = [] -%}
     {%- for row in rows -%}
         {%- do parts.append(row.source ~ ' through position ' ~ row.complete_through_lsn
-            ~ ', last change committed ' ~ (row.get('complete_through_commit_at') or 'never')
+            ~ ', committed through ' ~ (row.get('complete_through_commit_at') or 'never')
             ~ ', verify ' ~ (row.get('verify_status') or 'never run')) -%}
     {%- endfor -%}
     {%- set message = 'complete: ' ~ (parts | join('; ') if parts else 'no loaded bound (silver not built this run)') -%}

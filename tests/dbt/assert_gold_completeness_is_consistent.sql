@@ -1,5 +1,5 @@
 -- Invariant: each gold.completeness row is one certificate that agrees with itself - the last
--- change it names is at or below the bound it certifies and has a commit time, and a verify
+-- change it names is at or below the bound it certifies, which then has a commit time, and a verify
 -- result is either wholly there (run, time, position, status) or wholly absent.
 
 with
@@ -42,7 +42,7 @@ final as (
         recorded_at
     from completeness
     where
-        (last_change_seq is null) != (complete_through_commit_at is null)
+        (last_change_seq is not null and complete_through_commit_at is null)
         or (last_change_seq is null) != (last_change_lsn is null)
         or last_change_lsn > complete_through_lsn
         or (last_verify_run_id is null) != (last_verified_at is null)
