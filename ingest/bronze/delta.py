@@ -202,17 +202,8 @@ class DeltaTables:
                 if recorded is not None and recorded >= version:
                     log.info("skipped a committed batch uri=%s app_id=%s version=%d", uri, app_id, version)
                     return False
-            if writer_properties is None:
-                write_deltalake(dt, data, mode="append", schema_mode="merge", commit_properties=props)
-            else:
-                write_deltalake(
-                    dt,
-                    data,
-                    mode="append",
-                    schema_mode="merge",
-                    commit_properties=props,
-                    writer_properties=writer_properties,
-                )
+            given: dict[str, Any] = {} if writer_properties is None else {"writer_properties": writer_properties}
+            write_deltalake(dt, data, mode="append", schema_mode="merge", commit_properties=props, **given)
             return True
 
         with self.lock(uri):

@@ -79,7 +79,7 @@ class BronzeState:
         (the stream's shapes, an older ingest's rows) say nothing of it. A table without any is
         left out (unknown).
         """
-        t = self._query(
+        t = self.query(
             "select table_schema, table_name, publication_membership from t "
             f"where source = {sql_str(source)} and publication_membership is not null "
             "order by first_seen_lsn, ingested_at",
@@ -89,7 +89,7 @@ class BronzeState:
 
     def shape_history(self, source: str) -> list[tuple[RelationShape, datetime]]:
         """Every shape recorded for `source`'s tables and when it was written, by (first_seen_lsn, ingested_at)."""
-        t = self._query(
+        t = self.query(
             "select relation_id, table_schema, table_name, replica_identity, columns, first_seen_lsn, ingested_at "
             f"from t where source = {sql_str(source)} order by first_seen_lsn, ingested_at",
             t=SOURCE_RELATIONS_TABLE,
@@ -127,7 +127,7 @@ class BronzeState:
 
         A filtered snapshot (`snapshot --where`) read only some rows: it does not count.
         """
-        t = self._query(
+        t = self.query(
             "select table_schema, table_name, max(high_watermark_lsn) as hw from t "
             f"where source = {sql_str(source)} and last_page "
             f"and not starts_with(snapshot_id, {sql_str(FILTERED_SNAPSHOT_PREFIX)}) group by table_schema, table_name",
@@ -144,7 +144,7 @@ class BronzeState:
         for table in (WAL_EVENTS_TABLE, SNAPSHOT_PAGES_TABLE):
             if not self.exists(table):
                 continue
-            t = self._query(
+            t = self.query(
                 "select distinct table_schema, table_name from t "
                 f"where source = {sql_str(source)} and table_schema is not null and table_name is not null",
                 t=table,
@@ -155,14 +155,14 @@ class BronzeState:
     def last_durable_page(self, source: str, snapshot_id: str) -> DurablePage | None:
         """Where a snapshot stands in bronze: its last committed page, cursor, rows and completion."""
         where = f"where source = {sql_str(source)} and snapshot_id = {sql_str(snapshot_id)}"
-        agg = self._query(
+        agg = self.query(
             "select max(page_number) as last_page_number, count(record_pk) as n, "
             f"max(cast(last_page as int)) as done from t {where}",
             t=SNAPSHOT_PAGES_TABLE,
         ).to_pylist()[0]
         if agg["last_page_number"] is None:
             return None
-        last = self._query(
+        last = self.query(
             f"select key_text from t {where} and page_number = {int(agg['last_page_number'])} "
             "order by row_index desc limit 1",
             t=SNAPSHOT_PAGES_TABLE,
@@ -178,7 +178,7 @@ class BronzeState:
         the records existed, when the command wrote the flag into the row).
         """
         where = f" where source = {sql_str(source)}" if source is not None else ""
-        rows = self._query(f"select * from t{where}", t=STREAM_POSITIONS_TABLE).to_pylist()
+        rows = self.query(f"select * from t{where}", t=STREAM_POSITIONS_TABLE).to_pylist()
         pauses = (
             self.snapshot_pauses(source) if any(r["writer_kind"] == WriterKind.SNAPSHOT.value for r in rows) else {}
         )
@@ -211,7 +211,7 @@ class BronzeState:
         if not self.exists(SNAPSHOT_CONTROL_TABLE):
             return {}
         where = f" where source = {sql_str(source)}" if source is not None else ""
-        rows = self._query(
+        rows = self.query(
             f"select source, snapshot_id, paused from t{where} order by issued_at", t=SNAPSHOT_CONTROL_TABLE
         ).to_pylist()
         return {(r["source"], r["snapshot_id"]): bool(r["paused"]) for r in rows}
@@ -224,7 +224,7 @@ class BronzeState:
         neither loses nor duplicates events. `from_lsn` (the writer's recorded durable position)
         lets the reader skip files by their statistics.
         """
-        t = self._query(
+        t = self.query(
             "select commit_lsn, commit_index from t "
             f"where source = {sql_str(source)} and writer_id = {sql_str(writer_id)} "
             f"and commit_lsn >= {int(from_lsn)} order by commit_lsn desc, commit_index desc limit 1",
@@ -240,7 +240,7 @@ class BronzeState:
         A non-transactional logical message is not a transaction (a re-delivery does not begin one
         for it), and neither is a history-lost tombstone (ingest's own, xid 0, no transaction).
         """
-        t = self._query(
+        t = self.query(
             "select commit_lsn, min(xid) as xid from t "
             f"where source = {sql_str(source)} and writer_id = {sql_str(writer_id)} "
             f"and commit_lsn >= {int(from_lsn)} and commit_lsn <= {int(to_lsn)} "
@@ -252,13 +252,11 @@ class BronzeState:
 
     def max_commit_time(self, source: str) -> datetime | None:
         """The newest commit timestamp of `source` in bronze (for status)."""
-        t = self._query(
-            f"select max(commit_timestamp) as m from t where source = {sql_str(source)}", t=WAL_EVENTS_TABLE
-        )
+        t = self.query(f"select max(commit_timestamp) as m from t where source = {sql_str(source)}", t=WAL_EVENTS_TABLE)
         m = t.to_pylist()[0]["m"]
         return m if isinstance(m, datetime) else None
 
-    def _query(self, sql: str, t: BronzeTable) -> pa.Table:
+    def query(self, sql: str, t: BronzeTable) -> pa.Table:
         """`sql` over bronze table `t` (registered as `t`)."""
         try:
             return self.tables.query(sql, t=self.path(t))

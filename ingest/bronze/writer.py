@@ -391,7 +391,7 @@ class BronzeWriter(BronzeState):
         # A snapshot's latest record decides (snapshot_pauses orders by issued_at), so a command
         # issued after another is stamped after it even when this host's clock is behind the
         # other's, or in the same microsecond: after every record the table holds.
-        (last,) = self._query("select max(issued_at) as last from t", t=table).column("last").to_pylist()
+        (last,) = self.query("select max(issued_at) as last from t", t=table).column("last").to_pylist()
         now = _now() if last is None else max(_now(), last + timedelta(microseconds=1))
         rows = [
             {"source": source, "snapshot_id": sid, "table_name": name, "paused": paused, "issued_at": now}

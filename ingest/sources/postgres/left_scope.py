@@ -26,14 +26,10 @@ from typing import TYPE_CHECKING
 
 from ingest.bronze.schemas import SNAPSHOT_PAGES_TABLE, SOURCE_RELATIONS_TABLE, WAL_EVENTS_TABLE
 from ingest.bronze.state import BronzeState, sql_str
-from ingest.errors import BronzeWriteError
 from ingest.events import RelationShape
 from ingest.sources.postgres.changes import TABLE_GONE_PREFIX
 
 if TYPE_CHECKING:
-    import pyarrow as pa
-
-    from ingest.bronze.schemas import BronzeTable
     from ingest.sources.postgres.admin import PostgresAdmin
 
 log = logging.getLogger(__name__)
@@ -104,24 +100,22 @@ def bronze_marks(bronze: BronzeState, source: str, shapes: dict[str, RelationSha
     gone = f"starts_with(message_prefix, {sql_str(TABLE_GONE_PREFIX)})"
     out: dict[str, dict[str, int | None]] = {}
     if bronze.exists(WAL_EVENTS_TABLE):
-        rows = _query(
-            bronze,
+        rows = bronze.query(
             "select table_schema, table_name, "
             f"max(case when action = 'truncate' and {gone} then commit_lsn end) as tombstone, "
             f"max(case when message_prefix is null or not {gone} then commit_lsn end) as change "
             f"from t where source = {sql_str(source)} and commit_lsn >= {int(since)} and action <> 'message' "
             f"and ({names}) group by table_schema, table_name",
-            WAL_EVENTS_TABLE,
+            t=WAL_EVENTS_TABLE,
         )
         for r in rows.to_pylist():
             mark = out.setdefault(f"{r['table_schema']}.{r['table_name']}", {})
             mark["tombstone"], mark["change"] = r["tombstone"], r["change"]
     if bronze.exists(SNAPSHOT_PAGES_TABLE):
-        rows = _query(
-            bronze,
+        rows = bronze.query(
             "select table_schema, table_name, max(high_watermark_lsn) as snapshot from t "
             f"where source = {sql_str(source)} and ({names}) group by table_schema, table_name",
-            SNAPSHOT_PAGES_TABLE,
+            t=SNAPSHOT_PAGES_TABLE,
         )
         for r in rows.to_pylist():
             out.setdefault(f"{r['table_schema']}.{r['table_name']}", {})["snapshot"] = r["snapshot"]
@@ -137,11 +131,3 @@ def _tombstoned_since(shape: RelationShape, mark: BronzeMarks) -> bool:
     if mark.tombstone is None:
         return False
     return mark.tombstone > max(shape.first_seen_lsn, mark.change or 0, mark.snapshot or 0)
-
-
-def _query(bronze: BronzeState, query: str, table: BronzeTable) -> pa.Table:
-    """`query` over bronze table `table` (registered as `t`)."""
-    try:
-        return bronze.tables.query(query, t=bronze.path(table))
-    except Exception as e:
-        raise BronzeWriteError(f"reading {bronze.path(table)} failed: {e}") from e
