@@ -458,7 +458,7 @@ class PostgresCapture:
                 self.progress,
                 max_batch_bytes=self.batch.max_bytes,
             )
-            catalog = PgCatalog(admin)
+            catalog = PgCatalog(admin, known)
             stream = ReplicationStream(
                 self.src.dsn,
                 self.src.slot_name,

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from psycopg import sql
 
 from ingest.errors import SourceError
+from ingest.events import RelationShape
 from ingest.masking import TableMask
 from ingest.sources.postgres.admin import PostgresAdmin
 from ingest.sources.postgres.published import SENT_COLUMN, check_published, publishes_generated, table_columns
@@ -17,13 +18,18 @@ from ingest.sources.postgres.values import TYPE_CATALOG_SQL, Encoder, TypeCatalo
 class PgCatalog:
     """The ChangeBuilder's view of the source catalog: keys, type names, value encoders, column rules."""
 
-    def __init__(self, admin: PostgresAdmin) -> None:
-        """Load pg_type once; reloaded when a type created later shows up."""
+    def __init__(self, admin: PostgresAdmin, known: Mapping[tuple[str, str], RelationShape] | None = None) -> None:
+        """Load pg_type once; reloaded when a type created later shows up.
+
+        `known` is the last recorded shape of each table bronze holds (kept up to date by the
+        stream): what `captures` asks of a relation the catalog no longer has.
+        """
         self.admin = admin
         self.masks = admin.src.masks()
         self.types = TypeCatalog.from_rows(admin.type_catalog_rows(TYPE_CATALOG_SQL))
         self._seen: set[int] = set()
         self._names: dict[tuple[int, int], str] = {}
+        self._bronze_shapes = known if known is not None else {}
 
     def record_key(self, relation_id: int) -> list[str]:
         """The relation's record key, in key order (admin.record_key)."""
@@ -32,10 +38,18 @@ class PgCatalog:
     def captures(self, relation_id: int, schema: str, table: str) -> bool:
         """Whether changes of `schema.table` are written: the configured tables (the publication may hold more).
 
-        Also the old WAL of a table dropped since (no longer in pg_class), when no table of the
-        source has rules: a configured table that was dropped must leave `tables` (check_tables),
-        and its last changes end in the tombstone check_tables leaves. With rules anywhere it is
-        not: nothing says whether the dropped table was one with rules.
+        A relation with no pg_class row is one of two things: a table dropped since (its old WAL),
+        or one created by a transaction the walsender decoded before its commit became visible to
+        other sessions (now and then, within milliseconds of the commit). On the publication
+        ingest manages, every table it sends was selected when the change was made (a table that
+        left the config was in scope then, and a table dropped before its removal from `tables`
+        ends in the tombstone check_tables leaves), so its changes are written. A user's
+        publication may send tables the selection leaves out (`FOR TABLES IN SCHEMA`, `FOR ALL
+        TABLES`): there they are written only when the selection takes the name (a selected table
+        dropped since, or one just created in scope, whose first page the fold places after them)
+        or when bronze captured that very relation before. So an excluded table created and filled
+        in one transaction, or created and dropped while ingest was stopped, stays out of bronze.
+        With rules anywhere none is written: nothing says whether the dropped table had rules.
         """
         if f"{schema}.{table}" in self.admin.src.tables:  # read each time: tables come into scope while running
             return True
@@ -43,7 +57,11 @@ class PgCatalog:
             return False
         with self.admin.conn.cursor() as cur:
             cur.execute("select 1 from pg_class where oid = %s", (relation_id,))
-            return cur.fetchone() is None
+            if cur.fetchone() is not None:
+                return False
+        if self.admin.src.create_publication or self.admin.src.selection.matches((schema, table)):
+            return True
+        return any(shape.relation_id == relation_id for shape in self._bronze_shapes.values())
 
     def table_mask(self, schema: str, table: str, sent: Sequence[str], key: Sequence[str]) -> TableMask | None:
         """The excluded and masked columns of `schema.table` for changes carrying columns `sent` (None: none).
