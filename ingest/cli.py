@@ -119,6 +119,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="one JSON document (docs/configuration.md); exit 8 if a selected table is refused",
     )
+    rm = sub.add_parser(
+        "remask",
+        help="rewrite bronze so every table's rows hold what its exclude/mask rules write now (stop `run` first; "
+        "docs/masking.md)",
+    )
+    rm.add_argument("--source", help="only this source (default: every source with rules)")
     cf = sub.add_parser("config", help="check the config without touching a source, or print its JSON Schema")
     cf.add_argument("action", choices=("check", "schema"))
     g = sub.add_parser("gold", help="dbt gold models for the captured tables (docs/dbt.md)")
@@ -256,6 +262,11 @@ def _command(argv: list[str] | None) -> int:
             else:
                 print("\n".join(line for x in listings for line in discover.lines(x)))
             return discover.exit_code(listings)
+        elif args.command == "remask":
+            from ingest import remask
+
+            for line in remask.remask(cfg, args.source):
+                print(line)
         elif args.command == "config":
             for line in config_summary(cfg):
                 print(line)
