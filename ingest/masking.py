@@ -69,6 +69,9 @@ class TableMask:
     mask: frozenset[str]
     mask_with: MaskWith
     salt: bytes | None
+    # Masked names the table no longer has because their column was renamed: the rule followed it
+    # (`follow_renames`), so check_names does not refuse them.
+    followed: frozenset[str] = frozenset()
 
     def touches(self, columns: Iterable[str]) -> list[str]:
         """Which of `columns` this table excludes or masks (in the given order)."""
@@ -100,7 +103,7 @@ class TableMask:
         match nothing and its values would land as they are: refused, naming the columns the table
         has (and the near miss, if there is one), before anything of the table is written.
         """
-        unknown = sorted(self.named() - set(columns))
+        unknown = sorted(self.named() - set(columns) - self.followed)
         if not unknown:
             return
         lower = {c.lower(): c for c in columns}
@@ -111,7 +114,50 @@ class TableMask:
         raise SourceError(
             f"source {source!r}: table {table}: exclude_columns/mask_columns name {what}, which the table does not "
             f"have (its columns: {', '.join(columns)}). A rule that matches no column would let the column's values "
-            "land as they are: fix the name (a column renamed since must be listed under its new name) and run again"
+            "land as they are: fix the name and run again (a masked column renamed since is followed only when bronze "
+            "recorded it masked, with its attnum; an excluded one never is: list it under its new name)"
+        )
+
+    def follow_renames(
+        self, table: str, now: Mapping[str, int], masked_before: Iterable[tuple[str, int]], source: str
+    ) -> TableMask:
+        """These rules with each masked column that was renamed masked under its new name too.
+
+        `now`: the table's columns now, name -> attnum; `masked_before`: (name, attnum) of every
+        column a recorded shape of this very relation holds masked. A column keeps its attnum for
+        life (a rename keeps it, a dropped column's is never reused), so a column recorded masked
+        under a name a mask rule names is that rule's column whatever it is called now: its new
+        name is masked (and the old one stays in the rules: older changes carry it). With a warning
+        naming both names, as the config should say the new one. `drop d; rename email to d;
+        add email` masks d (the former email) and the new email both. Excluded columns are never in
+        a recorded shape, so an excluded column's rule does not follow (check_names refuses it).
+        """
+        by_attnum = {a: n for n, a in now.items()}
+        moved: dict[str, str] = {}
+        for then, attnum in masked_before:
+            name = by_attnum.get(attnum)
+            if then in self.mask and name is not None and name != then and name not in self.mask:
+                moved[name] = then
+        if not moved:
+            return self
+        for name, then in sorted(moved.items()):
+            log.warning(
+                "source=%s table=%s: masked column %s was renamed to %s (the same column, attnum %d): it stays masked "
+                "under its new name%s. Update the config: list %s in mask_columns (keyed by the new name)",
+                source,
+                table,
+                then,
+                name,
+                now[name],
+                f", and the new column {then} is masked by the rule's name" if then in now else "",
+                name,
+            )
+        return TableMask(
+            self.exclude,
+            self.mask | frozenset(moved),
+            self.mask_with,
+            self.salt,
+            self.followed | frozenset(t for t in moved.values() if t not in now),
         )
 
     def check_fields(self, where: str, fields: Iterable[str]) -> None:
@@ -168,8 +214,8 @@ class TableMask:
             "excluded" if exclude else "masked",
         )
         if exclude:
-            return TableMask(self.exclude | former, self.mask, self.mask_with, self.salt)
-        return TableMask(self.exclude, self.mask | former, self.mask_with, self.salt)
+            return TableMask(self.exclude | former, self.mask, self.mask_with, self.salt, self.followed)
+        return TableMask(self.exclude, self.mask | former, self.mask_with, self.salt, self.followed)
 
     def encoder(self) -> Callable[[bytes], str]:
         """The JSON fragment of a masked value given as its text bytes (a Postgres value encoder)."""
@@ -214,10 +260,13 @@ def check_masks_followed(
     """Refuse a shape change that may have moved a masked column's values under a name no rule masks.
 
     `before`: the last recorded shape's (name, masked, attnum) in column order; `now`: the same for
-    the table as the current rules see it (attnum None where a shape does not carry it). Rules match
-    names, so renaming a masked column and giving its name to another (a new column, or a swap)
-    leaves the rule matching a column and the values it was written for landing as they are, in the
-    stream and in the re-snapshot the rename asks for.
+    the table as the current rules see it (attnum None where a shape does not carry it). The rules
+    follow a renamed masked column by the attnum bronze recorded it masked at
+    (TableMask.follow_renames), so `now` normally has it masked under its new name; this check is
+    the backstop for what could not follow (a shape recorded without attnums), where renaming a
+    masked column and giving its name to another (a new column, or a swap) would leave the rule
+    matching a column and the values it was written for landing as they are, in the stream and in
+    the re-snapshot the rename asks for.
 
     When every column of both shapes carries its attnum (a column's identity for life: a rename
     keeps it, a dropped column's number is never reused), each column that was masked and is still

@@ -1,11 +1,13 @@
-"""Masks follow the column across renames: which shape changes keep a masked column's values masked."""
+"""Masks follow the column across renames: the rules follow it by attnum, and the shape check backs them up."""
 
 from __future__ import annotations
 
 import pytest
 
 from ingest.errors import SourceError
-from ingest.masking import check_masks_followed
+from ingest.events import ColumnShape, RelationShape
+from ingest.masking import MaskWith, TableMask, check_masks_followed
+from ingest.sources.postgres.followed import masked_columns
 
 ID, N = ("id", False), ("n", False)
 
@@ -76,3 +78,60 @@ def test_a_shape_without_attnums_falls_back_to_names_and_places() -> None:
     """One column without an attnum (a shape recorded before they were) and the names decide."""
     before: list[tuple[str, bool, int | None]] = [("id", False, None), ("d", False, None), ("email", True, None)]
     check_masks_followed("s.users", before, [("id", False, 1), ("d", False, 3), ("email", True, 4)], True, "src")
+
+
+SALTED = TableMask(frozenset(), frozenset({"email"}), MaskWith.HASH, b"s" * 16)
+
+
+def test_a_renamed_masked_column_is_masked_under_its_new_name(caplog: pytest.LogCaptureFixture) -> None:
+    """RENAME COLUMN of a masked column refused the stream: the rule named the spelling, not the column."""
+    followed = SALTED.follow_renames("s.users", {"id": 1, "contact_email": 2, "n": 3}, [("email", 2)], "src")
+    assert followed.mask == {"email", "contact_email"} and followed.followed == {"email"}
+    assert "masked column email was renamed to contact_email (the same column, attnum 2)" in caplog.text
+    assert "list contact_email in mask_columns" in caplog.text
+    followed.check_names("s.users", ["id", "contact_email", "n"], "src")  # the old name is not refused
+    # Old WAL still carries the former name: masked by it, with no guess.
+    assert followed.for_relation("s.users", ["id", "email", "n"], ["id", "contact_email", "n"], "src") == followed
+
+
+def test_a_name_that_never_was_a_recorded_masked_column_is_still_refused() -> None:
+    followed = SALTED.follow_renames("s.users", {"id": 1, "contact_email": 2}, [], "src")
+    assert followed is SALTED
+    with pytest.raises(SourceError, match=r"name email, which the table does not have"):
+        followed.check_names("s.users", ["id", "contact_email"], "src")
+    typo = TableMask(frozenset(), frozenset({"emial"}), MaskWith.HASH, b"s" * 16)
+    followed = typo.follow_renames("s.users", {"id": 1, "contact_email": 2}, [("email", 2)], "src")
+    with pytest.raises(SourceError, match=r"name emial, which the table does not have"):
+        followed.check_names("s.users", ["id", "contact_email"], "src")
+
+
+def test_drop_rename_add_masks_the_former_column_and_the_new_one() -> None:
+    """`drop d; rename email to d; add email`: d holds the former email values, and the rule's name a new column."""
+    followed = SALTED.follow_renames("s.users", {"id": 1, "d": 3, "email": 4}, [("email", 3)], "src")
+    assert followed.mask == {"email", "d"} and followed.followed == frozenset()
+
+
+def test_what_does_not_follow() -> None:
+    now = {"id": 1, "email": 2, "n": 3}
+    assert SALTED.follow_renames("s.users", now, [("email", 2)], "src") is SALTED  # not renamed
+    assert SALTED.follow_renames("s.users", {"id": 1, "n": 3}, [("email", 2)], "src") is SALTED  # dropped
+    # Recorded masked under a name no rule names now: the rule was taken off, as the config says.
+    assert SALTED.follow_renames("s.users", {"id": 1, "phone": 2, "email": 3}, [("phone", 2)], "src") is SALTED
+    # An excluded column is never in a recorded shape: nothing to follow it by.
+    excluded = TableMask(frozenset({"ssn"}), frozenset(), MaskWith.NULL, None)
+    assert excluded.follow_renames("s.users", {"id": 1, "tax_id": 2}, [("ssn", 2)], "src") is excluded
+    # The config lists the new name already: nothing to say.
+    both = TableMask(frozenset(), frozenset({"email", "contact_email"}), MaskWith.HASH, b"s" * 16)
+    assert both.follow_renames("s.users", {"id": 1, "contact_email": 2}, [("email", 2)], "src") is both
+
+
+def test_masked_columns_are_taken_from_recorded_shapes_with_attnums() -> None:
+    def col(name: str, kind: str, attnum: int | None) -> ColumnShape:
+        return ColumnShape(name, 25, "text", -1, False, None, kind, attnum)
+
+    shapes = [
+        RelationShape(7, "s", "users", "d", (col("id", "number", 1), col("email", "masked", 2)), 10),
+        RelationShape(7, "s", "users", "d", (col("id", "number", 1), col("contact_email", "masked", 2)), 20),
+        RelationShape(7, "s", "users", "d", (col("id", "number", None), col("phone", "masked", None)), 30),
+    ]
+    assert masked_columns(shapes) == {("s.users", 7, "email", 2), ("s.users", 7, "contact_email", 2)}

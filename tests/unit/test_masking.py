@@ -151,7 +151,11 @@ def test_a_rule_naming_no_column_is_refused_with_the_near_miss() -> None:
 
 
 def test_a_renamed_masked_column_is_refused_until_the_rule_follows_it() -> None:
-    """A RENAME COLUMN of a masked column left the rule matching nothing: the new name landed in plain text."""
+    """A RENAME COLUMN of a masked column left the rule matching nothing: the new name landed in plain text.
+
+    Refused when nothing recorded the column masked with its attnum (else the rule follows it:
+    test_mask_follows.py).
+    """
     mask = TableMask(frozenset(), frozenset({"email"}), MaskWith.HASH, b"s" * 16)
     with pytest.raises(SourceError, match=r"name email, which the table does not have"):
         mask.for_relation("public.p", ["id", "email_address"], ["id", "email_address"], "shop")

@@ -11,6 +11,7 @@ from ingest.errors import SourceError
 from ingest.events import RelationShape
 from ingest.masking import TableMask
 from ingest.sources.postgres.admin import PostgresAdmin
+from ingest.sources.postgres.followed import follow_renames, masked_columns
 from ingest.sources.postgres.published import SENT_COLUMN, check_published, publishes_generated, table_columns
 from ingest.sources.postgres.values import TYPE_CATALOG_SQL, Encoder, TypeCatalog, non_utf8_tolerant
 
@@ -66,16 +67,25 @@ class PgCatalog:
     def table_mask(self, schema: str, table: str, sent: Sequence[str], key: Sequence[str]) -> TableMask | None:
         """The excluded and masked columns of `schema.table` for changes carrying columns `sent` (None: none).
 
-        Asked on each Relation message of a table with rules: every column a rule names must
-        exist in the table now (SourceError before anything of the table is written), and a column
-        the changes carry that the table no longer has is masked (TableMask.for_relation). For a
-        table with excluded columns it also checks that the publication's column list still sends
-        every other column (published.check_published).
+        Asked on each Relation message of a table with rules. A masked column renamed since it was
+        recorded masked (in bronze's shape history, or the latest shape this run recorded) is masked
+        under its new name too, with a warning (followed.py: by attnum). Every other column a rule
+        names must exist in the table now (SourceError before anything of the table is written), and
+        a column the changes carry that the table no longer has is masked (TableMask.for_relation).
+        For a table with excluded columns it also checks that the publication's column list still
+        sends every other column (published.check_published).
         """
         qualified = f"{schema}.{table}"
         mask = self.masks.table(qualified)
         if mask is None:
             return None
+        latest = self._bronze_shapes.get((schema, table))
+        if latest is not None:
+            # Kept for the run (a later shape records the column under its new name); a new set, as
+            # another thread's decoder may be reading the current one.
+            self.admin.masked_recorded = self.admin.masked_recorded | masked_columns([latest])
+        mask = follow_renames(self.admin, qualified, mask, self.admin.masked_recorded)
+        assert mask is not None
         mask = mask.for_relation(
             qualified, sent, table_columns(self.admin, qualified).columns, self.admin.src.name, key
         )

@@ -37,10 +37,11 @@ def resnapshot_reason(admin: PostgresAdmin, before: RelationShape, after: Relati
 
     A new column counts only if it has a default or a stored missing value now (a column added
     without one is NULL in every existing row, which is what silver's records say by its absence).
-    A column the catalog no longer has (dropped again since) is not asked about. A rename that may
-    have moved a masked column's values under a name no rule masks raises SourceError
-    (masking.check_masks_followed: by attnum when both shapes carry them) before the shape or
-    anything in it is written.
+    A column the catalog no longer has (dropped again since) is not asked about. A renamed masked
+    column is masked under its new name already (the rules follow it by attnum: followed.py); a
+    rename that still left a masked column's values under a name no rule masks (what could not be
+    followed) raises SourceError (masking.check_masks_followed: by attnum when both shapes carry
+    them) before the shape or anything in it is written.
     """
     with admin.conn.cursor() as cur:
         cur.execute(
