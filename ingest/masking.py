@@ -115,28 +115,34 @@ class TableMask:
             f"source {source!r}: table {table}: exclude_columns/mask_columns name {what}, which the table does not "
             f"have (its columns: {', '.join(columns)}). A rule that matches no column would let the column's values "
             "land as they are: fix the name and run again (a masked column renamed since is followed only when bronze "
-            "recorded it masked, with its attnum; an excluded one never is: list it under its new name)"
+            "recorded it, with its attnum, and only by `run`, which reads bronze; an excluded one never is: list it "
+            "under its new name)"
         )
 
     def follow_renames(
-        self, table: str, now: Mapping[str, int], masked_before: Iterable[tuple[str, int]], source: str
+        self, table: str, now: Mapping[str, int], recorded: Iterable[tuple[str, int, bool]], source: str
     ) -> TableMask:
         """These rules with each masked column that was renamed masked under its new name too.
 
-        `now`: the table's columns now, name -> attnum; `masked_before`: (name, attnum) of every
-        column a recorded shape of this very relation holds masked. A column keeps its attnum for
-        life (a rename keeps it, a dropped column's is never reused), so a column recorded masked
-        under a name a mask rule names is that rule's column whatever it is called now: its new
-        name is masked (and the old one stays in the rules: older changes carry it). With a warning
-        naming both names, as the config should say the new one. `drop d; rename email to d;
-        add email` masks d (the former email) and the new email both. Excluded columns are never in
-        a recorded shape, so an excluded column's rule does not follow (check_names refuses it).
+        `now`: the table's columns now, name -> attnum; `recorded`: (name, attnum, masked) of every
+        column a recorded shape of this very relation holds. A column keeps its attnum for life (a
+        rename keeps it, a dropped column's is never reused), so a column recorded under a name a
+        mask rule names is that rule's column whatever it is called now, when it was recorded
+        masked, or when the rule's name is no column of the table now (renamed away before any
+        shape recorded it masked): its new name is masked (and the old one stays in the rules:
+        older changes carry it), with a warning naming both names, as the config should say the
+        new one. `drop d; rename email to d; add email` masks d (the former email) and the new email
+        both. A name recorded under several attnums (dropped and added again) follows each. Excluded
+        columns are never in a recorded shape (that is what excluding them means), so an excluded
+        column's rule does not follow: check_names refuses it.
         """
         by_attnum = {a: n for n, a in now.items()}
         moved: dict[str, str] = {}
-        for then, attnum in masked_before:
+        for then, attnum, masked in recorded:
             name = by_attnum.get(attnum)
-            if then in self.mask and name is not None and name != then and name not in self.mask:
+            if then not in self.mask or name is None or name == then or name in self.mask:
+                continue
+            if masked or then not in now:
                 moved[name] = then
         if not moved:
             return self

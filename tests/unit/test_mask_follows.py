@@ -7,7 +7,7 @@ import pytest
 from ingest.errors import SourceError
 from ingest.events import ColumnShape, RelationShape
 from ingest.masking import MaskWith, TableMask, check_masks_followed
-from ingest.sources.postgres.followed import masked_columns
+from ingest.sources.postgres.followed import recorded_columns
 
 ID, N = ("id", False), ("n", False)
 
@@ -85,7 +85,7 @@ SALTED = TableMask(frozenset(), frozenset({"email"}), MaskWith.HASH, b"s" * 16)
 
 def test_a_renamed_masked_column_is_masked_under_its_new_name(caplog: pytest.LogCaptureFixture) -> None:
     """RENAME COLUMN of a masked column refused the stream: the rule named the spelling, not the column."""
-    followed = SALTED.follow_renames("s.users", {"id": 1, "contact_email": 2, "n": 3}, [("email", 2)], "src")
+    followed = SALTED.follow_renames("s.users", {"id": 1, "contact_email": 2, "n": 3}, [("email", 2, True)], "src")
     assert followed.mask == {"email", "contact_email"} and followed.followed == {"email"}
     assert "masked column email was renamed to contact_email (the same column, attnum 2)" in caplog.text
     assert "list contact_email in mask_columns" in caplog.text
@@ -100,32 +100,43 @@ def test_a_name_that_never_was_a_recorded_masked_column_is_still_refused() -> No
     with pytest.raises(SourceError, match=r"name email, which the table does not have"):
         followed.check_names("s.users", ["id", "contact_email"], "src")
     typo = TableMask(frozenset(), frozenset({"emial"}), MaskWith.HASH, b"s" * 16)
-    followed = typo.follow_renames("s.users", {"id": 1, "contact_email": 2}, [("email", 2)], "src")
+    followed = typo.follow_renames("s.users", {"id": 1, "contact_email": 2}, [("email", 2, True)], "src")
     with pytest.raises(SourceError, match=r"name emial, which the table does not have"):
         followed.check_names("s.users", ["id", "contact_email"], "src")
 
 
 def test_drop_rename_add_masks_the_former_column_and_the_new_one() -> None:
     """`drop d; rename email to d; add email`: d holds the former email values, and the rule's name a new column."""
-    followed = SALTED.follow_renames("s.users", {"id": 1, "d": 3, "email": 4}, [("email", 3)], "src")
+    followed = SALTED.follow_renames("s.users", {"id": 1, "d": 3, "email": 4}, [("email", 3, True)], "src")
     assert followed.mask == {"email", "d"} and followed.followed == frozenset()
+
+
+def test_a_rule_whose_name_is_gone_follows_the_column_recorded_under_it_unmasked() -> None:
+    """Rule added and column renamed while ingest was stopped: bronze recorded the column, but not masked yet."""
+    followed = SALTED.follow_renames("s.users", {"id": 1, "contact_email": 2}, [("email", 2, False)], "src")
+    assert followed.mask == {"email", "contact_email"} and followed.followed == {"email"}
+    # The rule's name is a column now: the rule is that column's, and the unmasked one renamed away stays so.
+    assert SALTED.follow_renames("s.users", {"id": 1, "old_email": 2, "email": 5}, [("email", 2, False)], "s") is SALTED
+    # Dropped and added again under the name, then renamed twice: each column the name was is masked.
+    twice = SALTED.follow_renames("s.users", {"id": 1, "a": 2, "b": 5}, [("email", 2, True), ("email", 5, False)], "s")
+    assert twice.mask == {"email", "a", "b"}
 
 
 def test_what_does_not_follow() -> None:
     now = {"id": 1, "email": 2, "n": 3}
-    assert SALTED.follow_renames("s.users", now, [("email", 2)], "src") is SALTED  # not renamed
-    assert SALTED.follow_renames("s.users", {"id": 1, "n": 3}, [("email", 2)], "src") is SALTED  # dropped
+    assert SALTED.follow_renames("s.users", now, [("email", 2, True)], "src") is SALTED  # not renamed
+    assert SALTED.follow_renames("s.users", {"id": 1, "n": 3}, [("email", 2, True)], "src") is SALTED  # dropped
     # Recorded masked under a name no rule names now: the rule was taken off, as the config says.
-    assert SALTED.follow_renames("s.users", {"id": 1, "phone": 2, "email": 3}, [("phone", 2)], "src") is SALTED
+    assert SALTED.follow_renames("s.users", {"id": 1, "phone": 2, "email": 3}, [("phone", 2, True)], "src") is SALTED
     # An excluded column is never in a recorded shape: nothing to follow it by.
     excluded = TableMask(frozenset({"ssn"}), frozenset(), MaskWith.NULL, None)
-    assert excluded.follow_renames("s.users", {"id": 1, "tax_id": 2}, [("ssn", 2)], "src") is excluded
+    assert excluded.follow_renames("s.users", {"id": 1, "tax_id": 2}, [("ssn", 2, False)], "src") is excluded
     # The config lists the new name already: nothing to say.
     both = TableMask(frozenset(), frozenset({"email", "contact_email"}), MaskWith.HASH, b"s" * 16)
-    assert both.follow_renames("s.users", {"id": 1, "contact_email": 2}, [("email", 2)], "src") is both
+    assert both.follow_renames("s.users", {"id": 1, "contact_email": 2}, [("email", 2, True)], "src") is both
 
 
-def test_masked_columns_are_taken_from_recorded_shapes_with_attnums() -> None:
+def test_recorded_columns_are_taken_from_shapes_with_attnums() -> None:
     def col(name: str, kind: str, attnum: int | None) -> ColumnShape:
         return ColumnShape(name, 25, "text", -1, False, None, kind, attnum)
 
@@ -134,4 +145,8 @@ def test_masked_columns_are_taken_from_recorded_shapes_with_attnums() -> None:
         RelationShape(7, "s", "users", "d", (col("id", "number", 1), col("contact_email", "masked", 2)), 20),
         RelationShape(7, "s", "users", "d", (col("id", "number", None), col("phone", "masked", None)), 30),
     ]
-    assert masked_columns(shapes) == {("s.users", 7, "email", 2), ("s.users", 7, "contact_email", 2)}
+    assert recorded_columns(shapes) == {
+        ("s.users", 7, "id", 1, False),
+        ("s.users", 7, "email", 2, True),
+        ("s.users", 7, "contact_email", 2, True),
+    }

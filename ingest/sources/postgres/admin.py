@@ -15,7 +15,7 @@ from ingest.config import PostgresSource
 from ingest.errors import SlotInvalidatedError, SourceError, SourceUnavailableError
 from ingest.events import lsn_to_int
 from ingest.sources.postgres.changes import table_gone_prefix
-from ingest.sources.postgres.followed import MaskedColumn, follow_renames, recorded_masked_columns
+from ingest.sources.postgres.followed import RecordedColumn, bronze_recorded_columns, follow_renames
 from ingest.sources.postgres.left_scope import tombstone_left_scope
 from ingest.sources.postgres.membership import memberships
 from ingest.sources.postgres.published import (
@@ -106,8 +106,8 @@ class PostgresAdmin:
         self._primary: psycopg.Connection[tuple[object, ...]] | None = None
         # `schema.table` -> its publication rows before ingest replaced them itself (membership.py)
         self.memberships_before_own: dict[str, frozenset[str]] = {}
-        # Columns bronze recorded masked (prepare_source reads them): mask rules follow them through renames.
-        self.masked_recorded: set[MaskedColumn] = set()
+        # The columns bronze recorded (prepare_source reads them): mask rules follow them through renames.
+        self.recorded_columns: set[RecordedColumn] = set()
 
     def close(self) -> None:
         """Close the connection (and the one to the primary of a standby source)."""
@@ -263,8 +263,8 @@ class PostgresAdmin:
         A table's key columns (the primary key; every column under REPLICA IDENTITY FULL without
         one) can be neither excluded nor masked (ConfigError, before anything is changed), and a
         rule naming a column the table does not have is refused (SourceError: it would mask nothing),
-        unless it is a masked column renamed since bronze recorded it masked: that rule follows the
-        column to its new name, with a warning (followed.py; `masked_recorded`, read by prepare_source).
+        unless it names a masked column renamed since bronze recorded it: that rule follows the
+        column to its new name, with a warning (followed.py; `recorded_columns`, read by prepare_source).
         """
         named = set(self.src.selection.named)
         for qualified in self.src.tables:
@@ -294,7 +294,7 @@ class PostgresAdmin:
             )
         replident, has_pk, pk_deferrable = row
         self._check_identity(qualified, str(replident), bool(has_pk), bool(pk_deferrable))
-        mask = follow_renames(self, qualified, self.src.masks().table(qualified), self.masked_recorded)
+        mask = follow_renames(self, qualified, self.src.masks().table(qualified), self.recorded_columns)
         if mask is not None:
             mask.check_names(qualified, table_columns(self, qualified).columns, self.src.name)
             ident = sql.Identifier(schema, table).as_string(self.conn)
@@ -707,7 +707,7 @@ def prepare_source(src: PostgresSource, bronze: BronzeState | None = None) -> Po
         adopt_scope(admin)
         if bronze is not None:
             tombstone_left_scope(admin, bronze)
-            admin.masked_recorded = recorded_masked_columns(bronze, src.name)
+            admin.recorded_columns = bronze_recorded_columns(bronze, src.name)
         admin.check_tables()
         admin.ensure_publication()  # on a standby source, on its primary (PostgresAdmin.writer)
         admin.check_published_tables()

@@ -11,7 +11,7 @@ from ingest.errors import SourceError
 from ingest.events import RelationShape
 from ingest.masking import TableMask
 from ingest.sources.postgres.admin import PostgresAdmin
-from ingest.sources.postgres.followed import follow_renames, masked_columns
+from ingest.sources.postgres.followed import follow_renames, recorded_columns
 from ingest.sources.postgres.published import SENT_COLUMN, check_published, publishes_generated, table_columns
 from ingest.sources.postgres.values import TYPE_CATALOG_SQL, Encoder, TypeCatalog, non_utf8_tolerant
 
@@ -68,7 +68,7 @@ class PgCatalog:
         """The excluded and masked columns of `schema.table` for changes carrying columns `sent` (None: none).
 
         Asked on each Relation message of a table with rules. A masked column renamed since it was
-        recorded masked (in bronze's shape history, or the latest shape this run recorded) is masked
+        recorded (in bronze's shape history, or the latest shape this run recorded) is masked
         under its new name too, with a warning (followed.py: by attnum). Every other column a rule
         names must exist in the table now (SourceError before anything of the table is written), and
         a column the changes carry that the table no longer has is masked (TableMask.for_relation).
@@ -83,8 +83,8 @@ class PgCatalog:
         if latest is not None:
             # Kept for the run (a later shape records the column under its new name); a new set, as
             # another thread's decoder may be reading the current one.
-            self.admin.masked_recorded = self.admin.masked_recorded | masked_columns([latest])
-        mask = follow_renames(self.admin, qualified, mask, self.admin.masked_recorded)
+            self.admin.recorded_columns = self.admin.recorded_columns | recorded_columns([latest])
+        mask = follow_renames(self.admin, qualified, mask, self.admin.recorded_columns)
         assert mask is not None
         mask = mask.for_relation(
             qualified, sent, table_columns(self.admin, qualified).columns, self.admin.src.name, key

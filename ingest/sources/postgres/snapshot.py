@@ -45,7 +45,7 @@ from ingest.sources.postgres import native
 from ingest.sources.postgres.admin import PostgresAdmin
 from ingest.sources.postgres.catalog import TableShape, captured_shape, estimate_rows, table_shape
 from ingest.sources.postgres.filters import predicate_problem
-from ingest.sources.postgres.followed import follow_renames, recorded_masked_columns
+from ingest.sources.postgres.followed import bronze_recorded_columns, follow_renames
 from ingest.sources.postgres.pages import MAX_TID_OFFSET, Hook, PageReader, Xids, page_encoders
 from ingest.sources.postgres.rereads import RereadKeys
 from ingest.sources.postgres.rows import json_keys
@@ -487,7 +487,7 @@ class Snapshotter:
     ) -> bool:
         mask = self.masks.table(task.table)
         if mask is not None and mask.mask:  # a masked column renamed since stays masked (followed.py)
-            mask = follow_renames(admin, task.table, mask, recorded_masked_columns(self.writer, self.src.name))
+            mask = follow_renames(admin, task.table, mask, bronze_recorded_columns(self.writer, self.src.name))
         shape = captured_shape(table_shape(admin, task.table, keyless=True), mask, self.src.name)
         by_ctid = shape.keyless and task.keys is None
         encoders = page_encoders(types, shape, mask, self.src.non_utf8)
