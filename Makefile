@@ -16,7 +16,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # dbt reads profiles.yml from the project directory
 export DBT_PROFILES_DIR ?= $(CURDIR)
 
-.PHONY: setup pg demo test test-fast test-unit test-integration test-cluster lint bench clean pg-stop \
+.PHONY: setup pg demo test test-pg-matrix test-fast test-unit test-integration test-cluster lint bench clean pg-stop \
 	cluster-up cluster-down cluster-status engine-up engine-down
 
 $(STAMP): requirements.txt examples/dagster/requirements.txt pyproject.toml
@@ -53,6 +53,11 @@ demo: setup pg
 
 test: setup pg
 	@bash scripts/test.sh
+
+# The PostgreSQL-facing integration tests on 14, 16, 17 and 18, each on a cluster of its own
+# (scripts/test_pg_matrix.sh; `make test` runs 14 and 18). MAJORS="16 17" picks some.
+test-pg-matrix: setup
+	@bash scripts/test_pg_matrix.sh $(MAJORS)
 
 test-unit: setup
 	@$(PY) -m pytest tests/unit -q

@@ -19,3 +19,10 @@ export CHANGELAKE_DBT_THREADS="${CHANGELAKE_DBT_THREADS:-4}"
 # Every test that took a second or more, slowest first: CI's log keeps where the time goes.
 python -m pytest tests -q -p no:cacheprovider -n "${CHANGELAKE_TEST_WORKERS:-2}" \
     --durations=0 --durations-min=1.0 "$@"
+# The PostgreSQL-facing integration tests again on the oldest and the newest supported majors (13 is
+# refused, 15 ran above), each on a cluster of its own (docs/postgres.md; every major: `make
+# test-pg-matrix`). Only for the whole suite: a run narrowed by arguments stops above.
+if [ $# -eq 0 ]; then
+  echo "== PostgreSQL matrix: 14 and 18"
+  bash scripts/test_pg_matrix.sh 14 18
+fi

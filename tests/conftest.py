@@ -143,6 +143,34 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return SparkScope(config, log)
 
 
+# The PostgreSQL matrix (scripts/test_pg_matrix.sh, docs/postgres.md) runs the PostgreSQL-facing
+# integration tests on another major: those that use the suite's source (`pg_dsn`, via
+# `make_source`) or a scratch cluster of the suite's major, not the dbt and Spark flows, not
+# MongoDB, and not the modules that pin their majors themselves (they run across majors already).
+MATRIX_ENV = "CHANGELAKE_PG_MATRIX"
+_OWN_MAJORS = frozenset(
+    {
+        "test_pg_versions.py",
+        "test_pg_failover.py",
+        "test_pg_standby.py",
+        "test_pg_streaming.py",
+        "test_pg_slot_restart.py",
+    }
+)
+
+
+def _pg_facing(item: pytest.Item) -> bool:
+    path = Path(str(item.path))
+    if path.parent.name != "integration" or path.name in _OWN_MAJORS or _scope(item.nodeid) == SPARK_SCOPE:
+        return False
+    fixtures = getattr(item, "fixturenames", ())
+    return "pg_dsn" in fixtures or "ScratchCluster" in path.read_text(encoding="utf-8")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Put the Spark scope first, so a worker starts on it at once."""
+    """Put the Spark scope first, so a worker starts on it at once; under the matrix, keep its tests only."""
+    if os.environ.get(MATRIX_ENV):
+        kept = [item for item in items if _pg_facing(item)]
+        config.hook.pytest_deselected(items=[item for item in items if not _pg_facing(item)])
+        items[:] = kept
     items.sort(key=lambda item: _scope(item.nodeid) != SPARK_SCOPE)  # stable: file order kept

@@ -14,6 +14,7 @@ from pathlib import Path
 import psycopg
 
 ROOT = Path(__file__).resolve().parents[2]
+DEBIAN_MAJOR = 15  # scripts/pg.sh's server; the other majors come from scripts/pg_versions.sh
 
 
 def pg_bindir(major: int) -> str:
@@ -24,6 +25,15 @@ def pg_bindir(major: int) -> str:
     if out.returncode != 0:
         raise RuntimeError(out.stderr.strip())
     return out.stdout.strip()
+
+
+def matrix_major() -> int | None:
+    """The major the PostgreSQL matrix runs on (scripts/test_pg_matrix.sh sets CHANGELAKE_PG_MATRIX), else None.
+
+    None (Debian's 15, scripts/pg.sh) outside the matrix, and for 15 inside it.
+    """
+    major = os.environ.get("CHANGELAKE_PG_MATRIX")
+    return None if not major or int(major) == DEBIAN_MAJOR else int(major)
 
 
 def copy_data_dir(src: Path, dst: Path) -> None:
@@ -46,10 +56,12 @@ class ScratchCluster:
         """Create and start the cluster (initdb on first start, `wal_level = logical`).
 
         `major` picks a PostgreSQL major of scripts/pg_versions.sh (its binaries must be installed:
-        `make setup`); None is the Debian one scripts/pg.sh installs. A major that is not installed
-        raises (pg_bindir): the test errors, never skips, so a major lost from the install fails CI.
+        `make setup`); None is the major the suite runs on: the Debian one scripts/pg.sh installs,
+        or the matrix's (matrix_major). A major that is not installed raises (pg_bindir): the test
+        errors, never skips, so a major lost from the install fails CI.
         """
-        bindir = None if major is None else pg_bindir(major)  # before any file is made
+        major = matrix_major() if major is None else major
+        bindir = None if major is None or major == DEBIAN_MAJOR else pg_bindir(major)  # before any file is made
         self.state = Path(tempfile.mkdtemp(prefix="changelake-scratch-", dir="/tmp"))
         self.state.chmod(0o755)
         self.env = dict(os.environ, CHANGELAKE_STATE=str(self.state), CHANGELAKE_PG_PORT=str(port))

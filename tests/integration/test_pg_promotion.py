@@ -26,7 +26,7 @@ from ingest.errors import SlotGapError
 from ingest.events import lsn_to_int
 from tests.helpers.delta_rows import read
 from tests.helpers.pg import PgSource, bronze_events, capture_once, prepare
-from tests.helpers.scratch_pg import ScratchCluster, copy_data_dir
+from tests.helpers.scratch_pg import ScratchCluster, copy_data_dir, matrix_major
 
 pytestmark = pytest.mark.integration
 
@@ -58,18 +58,22 @@ def _make_standby(primary: ScratchCluster, standby: ScratchCluster, s: PgSource,
     """Replace `standby`'s data directory with a streaming standby of `primary`, and start it.
 
     `with_slot`: from a cold copy of the stopped primary's data directory, which carries its
-    pg_replslot and so the logical slot; else from pg_basebackup, which leaves slots out.
+    pg_replslot and so the logical slot; else from pg_basebackup, which leaves slots out (on the
+    matrix's majors, whose bundles have no pg_basebackup: a cold copy without pg_replslot's slots).
     """
     data = standby.state / "pgdata"
     standby.stop()
     shutil.rmtree(data)
     conninfo = f"host=127.0.0.1 port={PRIMARY_PORT} user=changelake application_name=standby"
-    if with_slot:
+    if with_slot or matrix_major() is not None:
         s.conn.close()
         primary.stop()
         copy_data_dir(primary.state / "pgdata", data)
         primary.start()
         s.reconnect()
+        if not with_slot:
+            for kept in (data / "pg_replslot").iterdir():
+                shutil.rmtree(kept)
         (data / "standby.signal").touch()
         recovery = f"primary_conninfo = '{conninfo}'\n"
     else:
