@@ -247,7 +247,7 @@ def remask_batch(batch: pa.RecordBatch, table: RuledTable, bronze: BronzeTable) 
             if name in ("record", "old_record"):
                 new = record(v)
             elif name == "unchanged_toast":
-                new = [c for c in v if c not in table.mask.exclude]
+                new = [c for c in v if c not in table.mask.exclude] or None  # ingest writes no empty list
             elif table.kind == "mongodb" and prefixes is not None and prefixes[i] == MONGO_UPDATE_PREFIX:
                 new = remask_mongo_update(v, table.mask)
             else:
@@ -301,13 +301,13 @@ def _count(dt: DeltaTable, table: RuledTable, bronze: BronzeTable) -> tuple[int,
     return rows, changed
 
 
-def _rewrite(uri: str, dt: DeltaTable, table: RuledTable, bronze: BronzeTable, opts: dict[str, str] | None) -> None:
+def _rewrite(dt: DeltaTable, table: RuledTable, bronze: BronzeTable) -> None:
     """Replace the table's rows of `dt` by their re-masked form in one commit, conflicting with any append since."""
     out = pa.RecordBatchReader.from_batches(
         bronze.schema, (remask_batch(b, table, bronze)[0] for b in _batches(dt, table, bronze))
     )
     try:
-        write_deltalake(dt, out, mode="overwrite", predicate=table.predicate, storage_options=opts)
+        write_deltalake(dt, out, mode="overwrite", predicate=table.predicate)
     except CommitFailedError as e:
         raise RemaskError(
             f"bronze.{bronze.name}: the rewrite of {table.schema}.{table.name} (source {table.source!r}) could not be "
@@ -341,7 +341,7 @@ def rewrite_bronze(
     try:
         for r in todo:
             dt = DeltaTable(uri, storage_options=opts)
-            _rewrite(uri, dt, r.table, bronze, opts)
+            _rewrite(dt, r.table, bronze)
             log.info("remask bronze=%s source=%s table=%s.%s rewritten=%d of %d rows", bronze.name, r.table.source,
                      r.table.schema, r.table.name, r.changed, r.rows)  # fmt: skip
     finally:
