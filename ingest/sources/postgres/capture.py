@@ -25,7 +25,7 @@ from ingest.errors import SlotGapError, SourceError, SourceUnavailableError
 from ingest.events import Action, ChangeEvent, RelationShape, SourceKind, WriterKind, WriterPosition, int_to_lsn
 from ingest.positions import STREAM_WRITER_ID, SourcePositions
 from ingest.progress import Progress
-from ingest.sources.postgres.admin import DRAIN_PREFIX, HEARTBEAT_PREFIX, PostgresAdmin, prepare_source
+from ingest.sources.postgres.admin import DRAIN_PREFIX, HEARTBEAT_PREFIX, PostgresAdmin, SlotHealth, prepare_source
 from ingest.sources.postgres.catalog import PgCatalog
 from ingest.sources.postgres.changes import Catalog, ChangeBuilder, TxnEnd, table_gone_prefix
 from ingest.sources.postgres.gap import unseen_transactions
@@ -53,6 +53,9 @@ UNSEEN_SHOWN = 5  # xids a recovery's warning names
 STATUS_INTERVAL_S = 10.0  # standby status updates even when the server does not ask
 # ... and while a submit waits for a slow commit: well inside wal_sender_timeout (60 s default)
 KEEPALIVE_WHILE_WAITING_S = 5.0
+# How long the start waits for the walsender of an earlier run to let the slot go, so that the
+# slot's confirmed position it reads is final (see PostgresCapture._released_slot_health).
+SLOT_RELEASE_WAIT_S = 10.0
 # A server asked for a reply every STATUS_INTERVAL_S that stays silent this long is unreachable.
 SERVER_SILENCE_S = 3 * STATUS_INTERVAL_S
 # While change data keeps arriving, the loop's bookkeeping (stop flag, snapshot worker, drain,
@@ -120,6 +123,25 @@ class PostgresCapture:
             self.started_at,
         )
 
+    def _released_slot_health(self, admin: PostgresAdmin) -> SlotHealth:
+        """The slot's health once no walsender holds it (or after SLOT_RELEASE_WAIT_S, as it is then).
+
+        The walsender of the run before this one can outlive its client for a moment: it reads the
+        client's last status update (raising the confirmed position up to what bronze holds) and
+        only then lets the slot go. A confirmed position read before that is stale, and the history
+        check would peek a slot that has moved on since: bronze's transactions in between would be
+        missing from what it re-delivers, a false "restored source" (seen once on PostgreSQL 16 in
+        the matrix's keyless snapshot test). Read once the slot is free, the position is final; a
+        slot still held after the wait is another reader's, which the peek or START_REPLICATION
+        then reports as in use (transient: the run retries).
+        """
+        deadline = time.monotonic() + SLOT_RELEASE_WAIT_S
+        h = admin.slot_health()
+        while h.active_pid is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+            h = admin.slot_health()
+        return h
+
     def _check_continuity(self, admin: PostgresAdmin, mine: WriterPosition) -> None:
         """The slot must continue where bronze left off (review finding D2); else fail, or recover.
 
@@ -130,7 +152,7 @@ class PostgresCapture:
         in between are gone). Ingest only ever acknowledges what its row records, so neither happens
         in its own operation.
         """
-        h = admin.slot_health()
+        h = self._released_slot_health(admin)
         name, slot = self.src.name, self.src.slot_name
         if h.current_wal_lsn < mine.durable_lsn:
             raise SlotGapError(
