@@ -408,6 +408,8 @@ def remask(cfg: Config, source: str | None) -> list[str]:
     """Re-mask bronze for `source` (None: every source with rules); the summary lines, then the next steps."""
     sources = [cfg.source(source)] if source else [s for s in cfg.sources if s.columns]
     opts = cfg.storage_options or None
+    if not sources:
+        return ["no source has exclude_columns or mask_columns: nothing to re-mask"]
     lines = []
     for src in sources:
         tables = ruled_tables(src)
@@ -426,6 +428,8 @@ def remask(cfg: Config, source: str | None) -> list[str]:
             line = f"{src.name}: {what}: {r.changed} of {r.rows} rows rewritten"
             log.info("remask summary %s", line)
             lines.append(line)
+    if not any("rows rewritten" in line for line in lines):
+        return lines
     lines.append(
         "bronze is re-masked and its old files deleted. Now rebuild silver and gold from it: `dbt build "
         "--full-refresh`, then VACUUM each silver and gold Delta table with RETAIN 0 HOURS "

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -203,3 +204,43 @@ def test_remask_leaves_no_plain_value_in_bronze_silver_gold_or_logs(
     assert all(" 0 of " in line for line in capsys.readouterr().out.splitlines() if "rows rewritten" in line)
     pages = read(warehouse / "bronze" / "snapshot_pages", f"source = '{s.name}' and record_pk is not null")
     assert {json.loads(p.record)["email"] for p in pages} <= {h(m) for m in [*mail.values(), mail_v2]}
+
+
+def test_remask_refuses_a_postgres_source_whose_slot_is_in_use(
+    warehouse: Path,
+    make_source: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A running ingest holds the slot: remask stops before reading bronze, exit 2 naming the slot."""
+    recvlogical = shutil.which("pg_recvlogical")
+    if recvlogical is None:
+        pytest.skip("pg_recvlogical (PostgreSQL client tools) is not installed")
+    monkeypatch.setenv(SALT_ENV, SALT)
+    s = make_source(TABLE, ["users"])
+    prepare(s.config())
+    s.execute("insert into users (id, email) values (1, %s)", (_secret(),))
+    capture_once(warehouse, s.config(), snapshots=True)
+    masked = s.config(columns={s.tables[0]: {"mask_columns": ["email"]}}, mask_salt_env=SALT_ENV)
+    config = tmp_path / "changelake.yml"
+    config.write_text(yaml.safe_dump({"warehouse": str(warehouse), "sources": [masked.model_dump()]}))
+    _slot_free(masked)
+    version = DeltaTable(str(warehouse / "bronze" / "wal_events")).version()
+    args = ["-d", s.dsn, "-S", masked.slot_name, "--start", "-f", "/dev/null", "-o", "proto_version=1"]
+    holder = subprocess.Popen([recvlogical, *args, "-o", f"publication_names={masked.publication_name}"])
+    try:
+        deadline = time.monotonic() + 30
+        with psycopg.connect(s.dsn, autocommit=True) as conn:
+            query = "select active_pid from pg_replication_slots where slot_name = %s"
+            while (row := conn.execute(query, (masked.slot_name,)).fetchone()) is None or row[0] is None:
+                assert time.monotonic() < deadline and holder.poll() is None, "pg_recvlogical did not take the slot"
+                time.sleep(0.1)
+        capsys.readouterr()
+        assert cli.main(["-c", str(config), "remask"]) == 2
+        err = capsys.readouterr().err
+        assert f"slot {masked.slot_name} is in use" in err and "ingest is running" in err
+    finally:
+        holder.terminate()
+        holder.wait(10)
+    assert DeltaTable(str(warehouse / "bronze" / "wal_events")).version() == version
