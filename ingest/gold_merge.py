@@ -5,7 +5,10 @@ never collide); the model is a `union all` of one typed_current_state call per t
 shared column list, the tenant value first. consumer_records holds every table as of the same
 safe bound, so the union is one consistent cut. Tenants whose shape (columns, gold types, key)
 differs are refused with a message naming each one and how it differs: a union would silently
-drop, null or mistype a column. docs/dbt.md ("Tenant merges") describes the files.
+drop, null or mistype a column. The model's `merge` line records what the drift test
+(tests/dbt/assert_generated_gold_matches_table_columns.sql) needs to find a tenant the model does
+not union yet: the pattern's literal pieces and the matching tables the source leaves out.
+docs/dbt.md ("Tenant merges") describes the files.
 """
 
 from __future__ import annotations
@@ -28,14 +31,15 @@ from ingest.gold import (
     contract,
     diff,
     inert,
-    jinja_literal,
     listed_items,
     model_yml,
     previous_columns,
 )
+from ingest.selection import Selector
 from ingest.tenants import TenantMerge
 
 _TENANT_LINE = re.compile(r"^\s*(\{.*\}),?\s*$")
+_MERGE_LINE = re.compile(r"^\{%-? set merge = (\{.*\}) %\}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +58,7 @@ class MergedTable:
     merge: TenantMerge
     tenants: tuple[Tenant, ...]
     reference: GoldTable  # the tenant whose shape (and comments) the model takes
+    left_out: tuple[tuple[str, str], ...] = ()  # (schema, table) the pattern matches that the source excludes
 
     @property
     def model(self) -> str:
@@ -64,6 +69,15 @@ class MergedTable:
     def columns(self) -> list[GoldColumn]:
         """The source columns (the reference tenant's)."""
         return self.reference.columns
+
+
+def name_pieces(merge: TenantMerge) -> list[list[str]]:
+    """Per name part (schema, table): the literal text before and after its `*`, or the one text of a part without.
+
+    What TenantMerge.tenant_of matches, for the drift test to match table_columns' names in SQL.
+    """
+    parts = Selector.parse(merge.pattern, 2).parts
+    return [[p.text] if p.literal or "*" not in p.text else p.text.split("*") for p in parts]
 
 
 def shape_of(t: GoldTable) -> dict[str, tuple[str, int | None]]:
@@ -96,10 +110,15 @@ def merge_tables(
     A merge with no tenant yet has no model.
     """
     groups: dict[tuple[str, int], list[Tenant]] = {}
+    left_out: dict[tuple[str, int], list[tuple[str, str]]] = {}
     rest = []
     for t in tables:
         src = sources.get(t.source)
-        merges = src.merges if src is not None and src.selection.matches((t.schema, t.table)) else []
+        taken = src is not None and src.selection.matches((t.schema, t.table))
+        for i, m in enumerate(src.merges if src is not None and not taken else []):
+            if m.tenant_of(t.schema, t.table) is not None:
+                left_out.setdefault((t.source, i), []).append((t.schema, t.table))
+        merges = src.merges if src is not None and taken else []
         found = [(i, v) for i, m in enumerate(merges) if (v := m.tenant_of(t.schema, t.table)) is not None]
         if len(found) > 1:
             names = " and ".join(merges[i].merge_as for i, _ in found)
@@ -125,7 +144,8 @@ def merge_tables(
             diff = differences(reference, x.table)
             if diff:
                 problems.append(f"  {name}: tenant {x.value!r} ({x.table.schema}.{x.table.table}) " + "; ".join(diff))
-        merged.append(MergedTable(source, m, tuple(tenants), reference))
+        others = tuple(sorted(left_out.get((source, i), [])))
+        merged.append(MergedTable(source, m, tuple(tenants), reference, others))
     if problems:
         raise ConfigError(
             "gold generate: a tenant merge cannot be one model, so nothing was written (migrate the tenants "
@@ -135,15 +155,26 @@ def merge_tables(
 
 
 def render_merged_sql(m: MergedTable) -> str:
-    """The model's SQL: the column list once, the tenants one per line, a union all of typed_current_state.
+    """The model's SQL: the merge line, the columns once, the tenants one per line, a union of typed_current_state.
 
     Column lines read back as in a per-table model (gold.previous_columns); tenant lines are JSON
-    objects (previous_tenants).
+    objects (previous_tenants); the merge line is one JSON object (previous_left_out). The drift
+    test reads all three.
     """
+    record = {
+        "source": m.source,
+        "tenant_column": m.merge.tenant_column,
+        "pattern": m.merge.pattern,
+        "name_pieces": name_pieces(m.merge),
+        "left_out": [list(x) for x in m.left_out],
+    }
     lines = [
         HEADER,
         "-- The tenants of one merge: the column list once, one typed_current_state per tenant, union all.\n",
+        "-- merge: name_pieces is the text around the pattern's * in the schema and the table name (one piece\n",
+        "-- where a part has none); left_out, the tables the pattern matches that the source excludes.\n",
         "{{ config(materialized='view') }}\n\n",
+        f"{{%- set merge = {json.dumps(record, ensure_ascii=False)} %}}\n",
         "{%- set columns = [\n",
     ]
     lines += [column_line(c) for c in m.columns]
@@ -156,14 +187,10 @@ def render_merged_sql(m: MergedTable) -> str:
         "{%- for tenant in tenants %}\n",
         "{% if not loop.first %}union all\n{% endif %}\n",
         "select\n",
-        "    {{ changelake.sql_literal(tenant.tenant) }} as {{ changelake.spark_identifier("
-        + jinja_literal(m.merge.tenant_column)
-        + ") }},\n",
+        "    {{ changelake.sql_literal(tenant.tenant) }} as {{ changelake.spark_identifier(merge.tenant_column) }},\n",
         "    *\n",
         "from (\n",
-        "    {{ changelake.typed_current_state("
-        + jinja_literal(m.source)
-        + ", tenant.schema, tenant.table, columns) }}\n",
+        "    {{ changelake.typed_current_state(merge.source, tenant.schema, tenant.table, columns) }}\n",
         ") as {{ 'tenant_' ~ loop.index }}\n",
         "{%- endfor %}\n",
     ]
@@ -177,6 +204,20 @@ def previous_tenants(sql: str) -> list[str]:
         for item in listed_items(sql, _TENANT_LINE)
         if isinstance(item, dict) and isinstance(item.get("tenant"), str)
     ]
+
+
+def previous_left_out(sql: str) -> list[tuple[str, str]]:
+    """The left_out tables of a model file render_merged_sql wrote (empty for any other file or an older one)."""
+    for text in sql.splitlines():
+        m = _MERGE_LINE.match(text)
+        if m:
+            try:
+                record = json.loads(m.group(1))
+            except json.JSONDecodeError:
+                return []
+            items = record.get("left_out") if isinstance(record, dict) else None
+            return [(x[0], x[1]) for x in items or [] if isinstance(x, list) and len(x) == 2]
+    return []
 
 
 def render_merged_yml(m: MergedTable) -> str:
@@ -216,6 +257,8 @@ def merged_files(m: MergedTable) -> ModelFiles:
         out = diff(previous_columns(old_sql), m.columns)
         out += [f"tenant {v} added" for v in now if v not in before]
         out += [f"tenant {v} removed" for v in before if v not in now]
+        left_before = previous_left_out(old_sql)
+        out += [f"{s}.{t} left out (the source excludes it)" for s, t in m.left_out if (s, t) not in left_before]
         return out
 
     return ModelFiles(m.model, render_merged_sql(m), render_merged_yml(m), what, changes)

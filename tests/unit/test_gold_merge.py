@@ -6,6 +6,7 @@ here: the entry's checks, the tenant values, the files, the shape check and what
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import yaml
 from deltalake import write_deltalake
 from jinja2 import Environment
 
-from ingest import cli
+from ingest import cli, gold_merge
 from ingest.config import parse_config
 from ingest.errors import ConfigError
 from ingest.tenants import TenantMerge
@@ -258,3 +259,49 @@ def test_every_generated_model_declares_its_types_and_enforces_them_where_dbt_ca
     assert [c["data_type"] for c in model["columns"]][:3] == ["bigint", "decimal(12,2)", "string"]
     (model,) = yaml.safe_load((tmp_path / "gold" / "shop__public__odd.yml").read_text())["models"]
     assert "config" not in model and {c["name"]: c["data_type"] for c in model["columns"]}["a`b"] == "decimal(12,2)"
+
+
+def merge_line(sql: str) -> Any:
+    """The JSON object of a merged model's `{%- set merge = ... %}` line (what the drift test reads)."""
+    (line,) = [x for x in sql.splitlines() if x.startswith("{%- set merge = ")]
+    return json.loads(line.removeprefix("{%- set merge = ").removesuffix(" %}"))
+
+
+def test_the_merge_line_records_what_the_drift_test_matches_new_tenants_with(tmp_path: Path, capsys: Any) -> None:
+    """The pattern's text around its * per name part, and the matched tables the source excludes (no new tenant)."""
+    rows = orders("tenant_a") + orders("tenant_b") + orders("tenant_test", ("note", "text", "string"))
+    cfg = write(tmp_path, rows, source([MERGE], exclude=["tenant_test.*"]))
+    generate(cfg, capsys)
+    sql = (tmp_path / "gold" / "shop__orders.sql").read_text()
+    assert merge_line(sql) == {
+        "source": "shop",
+        "tenant_column": "tenant",
+        "pattern": "tenant_*.orders",
+        "name_pieces": [["tenant_", ""], ["orders"]],
+        "left_out": [["tenant_test", "orders"]],
+    }
+    assert gold_merge.previous_left_out(sql) == [("tenant_test", "orders")]
+    # the model reads its source and tenant column from that line
+    *calls, (_, text) = render(sql)
+    assert [c[1] for c in calls] == ["shop", "shop"] and text.startswith("select 'a' as `tenant`")
+    # a table excluded later is left out (a re-run says so), not a tenant any more
+    write(tmp_path, rows, source([MERGE], exclude=["tenant_test.*", "tenant_b.*"]))
+    out = generate(cfg, capsys)
+    assert "shop__orders: tenant b removed; tenant_b.orders left out (the source excludes it)" in out
+    assert merge_line((tmp_path / "gold" / "shop__orders.sql").read_text())["left_out"] == [
+        ["tenant_b", "orders"],
+        ["tenant_test", "orders"],
+    ]
+
+
+@pytest.mark.parametrize(
+    ("pattern", "pieces"),
+    [
+        ("tenant_*.orders", [["tenant_", ""], ["orders"]]),
+        ("app.orders_*_v2", [["app"], ["orders_", "_v2"]]),
+        ('"Shop*".orders_*', [["Shop*"], ["orders_", ""]]),  # the quoted star is literal text
+        ("*.orders", [["", ""], ["orders"]]),
+    ],
+)
+def test_name_pieces_are_the_text_around_the_tenant_star(pattern: str, pieces: list[list[str]]) -> None:
+    assert gold_merge.name_pieces(TenantMerge(pattern=pattern, merge_as="o")) == pieces
