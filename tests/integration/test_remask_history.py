@@ -11,8 +11,8 @@ row read back through delta-rs, no dbt log and no ingest log line holds a raw se
 Real PostgreSQL, ingest and dbt (the warm engine). The secrets are uuid4 hex: incompressible, so a
 byte search of the Parquet files finds them where they are; rows are also read back decoded, in
 case a codec hid one. The table has REPLICA IDENTITY FULL, so updates and deletes carry the whole
-old row (the secret in `old_record` too). Without the remask step the byte search fails (bronze's
-events and pages before the rule, silver's history).
+old row (the secret in `old_record` too). Without the remask step the byte search fails: 17 (file,
+secret) hits, from bronze's events and pages before the rule to silver's history.
 """
 
 from __future__ import annotations
