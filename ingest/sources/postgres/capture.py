@@ -116,7 +116,7 @@ class PostgresCapture:
             return
         # A new writer starts where the slot starts: nothing before it will ever be sent. The slot's
         # position is a boundary: a transaction committing exactly there is still to come.
-        self.ack_lsn = admin.slot_health().confirmed_flush_lsn or 0
+        self.ack_lsn = self._released_slot_health(admin).confirmed_flush_lsn or 0
         self.durable_lsn = boundary_position(self.ack_lsn)
         self.writer.raise_position(
             WriterPosition(self.src.name, STREAM_WRITER_ID, WriterKind.STREAM, self.durable_lsn, self.ack_lsn),
