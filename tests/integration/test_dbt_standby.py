@@ -1,4 +1,4 @@
-"""Capture from a physical standby, through dbt: silver equals the primary (issue 31; docs/postgres.md).
+"""Capture from a physical standby, through dbt: silver equals the primary (docs/postgres.md).
 
 test_pg_standby checks bronze from a standby against the primary by folding it in Python. Here
 the same source (`dsn` the standby's on PostgreSQL 16, the first major that decodes on a standby,

@@ -1,4 +1,4 @@
-"""Stored generated columns of a PostgreSQL 18 source reach typed gold (issue 31; docs/postgres.md).
+"""Stored generated columns of a PostgreSQL 18 source reach typed gold (docs/postgres.md).
 
 From 18 ingest publishes stored generated columns (`publish_generated_columns = stored`) and
 captures them in the stream and in snapshots alike; test_pg_versions.py checks bronze only. Here

@@ -1,4 +1,4 @@
-"""A mask added later leaves no plain value anywhere in the warehouse once `remask` has run (issue 30).
+"""A mask added later leaves no plain value anywhere in the warehouse once `remask` has run (docs/masking.md).
 
 Without it (test_mask_added_rebuilds_silver), the rule's re-snapshot masks current silver and gold
 but bronze's earlier events and pages, `sequin_events`, the versions `record_history` closed and
