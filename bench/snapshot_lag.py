@@ -12,17 +12,30 @@ the time from start to that point (bronze holds a consistent image: every page p
 up to past the last watermark, so one `dbt build` yields a consistent consumer_records). Prints
 both and the ratios (b)/(a). Goal: lag ratio <= 0.1.
 
-Usage: .venv/bin/python bench/snapshot_lag.py [--rows 1000000] [--rate 2000] [--page-rows 10000]
+For (b) it also prints the stream's freshness while the snapshot ran (bench/freshness.py's
+measure: bronze's `ingested_at - commit_timestamp` of the update events committed at the source
+from the stream's first bronze commit (its start-up and backlog left out) until the snapshot
+completed, plus the median seconds of the stream's bronze commits from its log; goal p50 <= 1.5 s)
+and the peak RSS of the process that ran ingest during (b) (VmHWM, reset through
+/proc/self/clear_refs when (b) starts, so (a)'s peak is not counted; the load generator is
+another process; goal <= 600 MiB).
+Pages and parallelism are the product's defaults (`snapshot.page_rows`, `snapshot.max_parallel`,
+`snapshot.split_rows`) unless given.
+
+Usage: .venv/bin/python bench/snapshot_lag.py [--rows 1000000] [--rate 2000] [--page-rows N] [--max-parallel N]
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import multiprocessing as mp
 import os
 import random
+import re
 import secrets
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,6 +49,7 @@ import psycopg
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from ingest.bronze.schemas import WAL_EVENTS_TABLE  # noqa: E402
 from ingest.bronze.writer import BronzeWriter  # noqa: E402
 from ingest.config import BatchConfig, PostgresSource, SnapshotSettings  # noqa: E402
 from ingest.events import lsn_to_int  # noqa: E402
@@ -43,6 +57,8 @@ from ingest.progress import Progress  # noqa: E402
 from ingest.sources.postgres.admin import prepare_source  # noqa: E402
 from ingest.sources.postgres.capture import PostgresCapture  # noqa: E402
 from ingest.sources.postgres.snapshot import Snapshotter  # noqa: E402
+
+COMMIT_LOGGER = "ingest.bronze.committer"  # logs "committed source=... events=N ... seconds=S" per batch
 
 
 def dsn() -> str:
@@ -91,14 +107,66 @@ def slot_lag(conn: psycopg.Connection[Any], slot: str) -> tuple[int, int, int]:
     return cur, flushed, cur - flushed
 
 
-def run_mode(mode: str, d: str, schema: str, table: str, page_rows: int) -> dict[str, float]:
+def _status_kib(field: str) -> int:
+    """This process's `field` (VmRSS, VmHWM) from /proc/self/status, in KiB."""
+    with open("/proc/self/status") as f:
+        found = re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.M)
+    assert found is not None, field
+    return int(found.group(1))
+
+
+def reset_peak_rss() -> None:
+    """Make VmHWM start again from the current RSS (Linux 4.0+)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+class CommitSeconds(logging.Handler):
+    """Collects the stream's bronze commit seconds (batches with events) and the first one's time from its log."""
+
+    PATTERN = re.compile(r"committed source=\S+ events=[1-9]\d* .*seconds=([\d.]+)")
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.seconds: list[float] = []
+        self.first_at: float | None = None  # epoch seconds
+
+    def emit(self, record: logging.LogRecord) -> None:
+        found = self.PATTERN.search(record.getMessage())
+        if found:
+            self.seconds.append(float(found.group(1)))
+            if self.first_at is None:
+                self.first_at = record.created
+
+
+def stream_freshness(writer: BronzeWriter, since: float, until: float, commit_s: list[float]) -> dict[str, float]:
+    """Freshness of the update events committed at the source between epoch seconds `since` and `until`.
+
+    As bench/freshness.py: each event's `ingested_at - commit_timestamp` (both this machine's
+    clock), plus the median commit seconds, an upper bound of "visible in bronze".
+    """
+    rows = writer.tables.query(
+        "select commit_timestamp, ingested_at from t where action = 'update'",
+        t=writer.path(WAL_EVENTS_TABLE),
+    ).to_pylist()
+    lags = sorted(
+        (r["ingested_at"] - r["commit_timestamp"]).total_seconds()
+        for r in rows
+        if since <= r["commit_timestamp"].timestamp() <= until
+    )
+    commit = statistics.median(commit_s) if commit_s else 0.0
+    p50, p95 = (lags[int(q * (len(lags) - 1))] if lags else float("nan") for q in (0.5, 0.95))
+    return {"fresh_events": len(lags), "fresh_commit_s": commit, "fresh_p50": p50 + commit, "fresh_p95": p95 + commit}
+
+
+def run_mode(mode: str, d: str, schema: str, table: str, settings: SnapshotSettings) -> dict[str, float]:
     name = f"bench_{mode}_{secrets.token_hex(3)}"
     src = PostgresSource(
         kind="postgres",
         name=name,
         dsn=d,
         tables=[f"{schema}.{table}"],
-        snapshot=SnapshotSettings(page_rows=page_rows),
+        snapshot=settings,
         heartbeat_seconds=1,
     )
     prepare_source(src).close()  # the slot exists from here: it retains every change from now on
@@ -109,6 +177,14 @@ def run_mode(mode: str, d: str, schema: str, table: str, page_rows: int) -> dict
     stop_stream = threading.Event()
     out: dict[str, float] = {}
     thread: threading.Thread | None = None
+    commits = CommitSeconds()
+    committer_log = logging.getLogger(COMMIT_LOGGER)
+    level = committer_log.level
+    if mode == "b":
+        committer_log.addHandler(commits)
+        committer_log.setLevel(logging.INFO)
+        out["rss_start_mib"] = _status_kib("VmRSS") / 1024
+        reset_peak_rss()
     t0 = time.monotonic()
     try:
         if mode == "a":
@@ -119,11 +195,12 @@ def run_mode(mode: str, d: str, schema: str, table: str, page_rows: int) -> dict
         thread = threading.Thread(target=cap.run, args=(False, stop_stream.is_set), daemon=True)
         thread.start()
         if mode == "b":
-            while not cap.snapshotter.completed:
+            # every range of a split table done (a range's task leaves `tasks` when it completes)
+            while not cap.snapshotter.completed or cap.snapshotter.tasks:
                 if not thread.is_alive():
                     raise SystemExit("stream stopped before the snapshot completed")
                 time.sleep(0.05)
-        t_done = time.monotonic()
+        t_done, wall_done = time.monotonic(), time.time()
         target, _, lag = slot_lag(conn, src.slot_name)
         out["snapshot_s"] = t_done - t0
         out["lag_bytes"] = lag
@@ -134,10 +211,14 @@ def run_mode(mode: str, d: str, schema: str, table: str, page_rows: int) -> dict
         t_caught = time.monotonic()
         out["catch_up_s"] = t_caught - t_done
         out["consistent_s"] = t_caught - t0
+        if mode == "b":
+            out["peak_rss_mib"] = _status_kib("VmHWM") / 1024
     finally:
         stop_stream.set()
         if thread is not None:
             thread.join(timeout=120)  # its last batch commits before the warehouse is removed
+        committer_log.removeHandler(commits)
+        committer_log.setLevel(level)
         conn.execute(
             "select pg_terminate_backend(active_pid) from pg_replication_slots where slot_name = %s "
             "and active_pid is not null",
@@ -147,6 +228,9 @@ def run_mode(mode: str, d: str, schema: str, table: str, page_rows: int) -> dict
         conn.execute("select pg_drop_replication_slot(%s)", (src.slot_name,))
         conn.execute(f"drop publication if exists {src.publication_name}")
         conn.close()
+        if mode == "b" and "peak_rss_mib" in out:
+            since = commits.first_at if commits.first_at is not None else wall_done
+            out |= stream_freshness(writer, since, wall_done, commits.seconds)
         shutil.rmtree(wh, ignore_errors=True)
     return out
 
@@ -155,8 +239,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--rate", type=int, default=2000, help="row changes per second during the run")
-    ap.add_argument("--page-rows", type=int, default=10_000)
+    ap.add_argument("--page-rows", type=int, default=SnapshotSettings().page_rows)
+    ap.add_argument("--max-parallel", type=int, default=SnapshotSettings().max_parallel)
+    ap.add_argument("--split-rows", type=int, default=SnapshotSettings().split_rows)
     args = ap.parse_args()
+    settings = SnapshotSettings(page_rows=args.page_rows, max_parallel=args.max_parallel, split_rows=args.split_rows)
     d = dsn()
     schema = f"bench_snap_{secrets.token_hex(3)}"
     create_items(d, schema, args.rows)
@@ -169,7 +256,7 @@ def main() -> None:
             gen.start()
             time.sleep(2)
             try:
-                results[mode] = run_mode(mode, d, schema, "items", args.page_rows)
+                results[mode] = run_mode(mode, d, schema, "items", settings)
             finally:
                 stop.set()
                 gen.join()
@@ -177,7 +264,10 @@ def main() -> None:
     finally:
         with psycopg.connect(d, autocommit=True) as c:
             c.execute(f"drop schema {schema} cascade")
-    print(f"table {args.rows:,} rows, load {args.rate:,} row changes/s, pages of {args.page_rows:,} rows")
+    print(
+        f"table {args.rows:,} rows, load {args.rate:,} row changes/s, pages of {args.page_rows:,} rows, "
+        f"max_parallel {args.max_parallel} (key ranges above {args.split_rows:,} estimated rows)"
+    )
     for mode, label in (("a", "(a) snapshot, then stream"), ("b", "(b) stream while snapshotting")):
         r = results[mode]
         print(
@@ -194,6 +284,16 @@ def main() -> None:
     print(
         f"snapshot throughput while streaming (b): {args.rows / b['snapshot_s']:,.0f} rows/s "
         f"(alone (a): {args.rows / a['snapshot_s']:,.0f} rows/s; goal >= 50,000)"
+    )
+    print(
+        f"stream freshness during the snapshot (b), source commit -> bronze: p50 {b['fresh_p50']:.2f} s "
+        f"(goal <= 1.5), p95 {b['fresh_p95']:.2f} s ({b['fresh_events']:,.0f} update events from the stream's "
+        f"first commit to the snapshot's end; median stream commit {b['fresh_commit_s'] * 1000:.0f} ms "
+        f"included)"
+    )
+    print(
+        f"peak RSS of ingest during (b): {b['peak_rss_mib']:.0f} MiB (goal <= 600; RSS when (b) started "
+        f"{b['rss_start_mib']:.0f} MiB, after (a) in the same process)"
     )
 
 
