@@ -3,8 +3,8 @@
 # the warm engine, each round only when ingest committed something silver would load since the
 # last successful build (the check of ops/scheduled_job.sh: Delta logs, no JVM), else a short pause.
 # Runs until SIGTERM or SIGINT: then ingest stops (it commits what it holds; exit 0), the round in
-# progress is left to finish or is cut (the next start redoes it: the models are idempotent), and
-# the warm engine is stopped if this script started it.
+# progress is stopped (dbt and its wrappers, before the engine; the next start redoes the round:
+# the models are idempotent), and the warm engine is stopped if this script started it.
 # Exit codes: 0 stopped on request; otherwise ingest's (it ended on its own: 2 needs a person, 75
 # retry later, as ops/scheduled_job.sh says).
 # Environment: CHANGELAKE_CONFIG, CHANGELAKE_WAREHOUSE and CHANGELAKE_DBT_ARGS as ops/scheduled_job.sh
@@ -31,7 +31,13 @@ round_pid=""
 
 finish() {
   local rc="$1"
-  [ -n "$round_pid" ] && kill -TERM "$round_pid" 2>/dev/null
+  # The round is a process group of its own (setsid below): dbt and its wrappers stop with it, and
+  # are gone before the engine is (else dbt fails loudly against a stopped engine, or, on an
+  # engine this script did not start, goes on building after "stopped").
+  if [ -n "$round_pid" ]; then
+    kill -TERM -- "-$round_pid" 2>/dev/null
+    wait "$round_pid" 2>/dev/null
+  fi
   kill -TERM "$ingest_pid" 2>/dev/null
   wait "$ingest_pid" 2>/dev/null
   if [ "$started_engine" = 1 ]; then bash scripts/cluster.sh down >/dev/null 2>&1; fi
@@ -42,8 +48,9 @@ trap 'finish 0' TERM INT
 
 while kill -0 "$ingest_pid" 2>/dev/null; do
   started=$SECONDS
-  # The round in the background, so a signal is handled at once rather than after dbt.
-  CHANGELAKE_JOB_INGEST=0 DBT_TARGET=engine bash ops/scheduled_job.sh 2>&1 &
+  # The round in the background, so a signal is handled at once rather than after dbt; in a
+  # process group of its own (setsid keeps the PID), which finish() stops whole.
+  CHANGELAKE_JOB_INGEST=0 DBT_TARGET=engine setsid bash ops/scheduled_job.sh 2>&1 &
   round_pid=$!
   wait "$round_pid"
   rc=$?

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -42,9 +43,48 @@ def wait_for(warehouse: Path, source: str, want: dict[int, int], proc: subproces
     return time.monotonic() - t0
 
 
+def alive(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def descendants(root: int) -> dict[int, str]:
+    """The living descendants of process `root`, with their command lines."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (FileNotFoundError, ProcessLookupError, ValueError):
+            continue
+    found, frontier = {}, [root]
+    while frontier:
+        parent = frontier.pop()
+        for pid, ppid in parents.items():
+            if ppid == parent and pid not in found:
+                try:
+                    found[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+                except (FileNotFoundError, ProcessLookupError):
+                    continue
+                frontier.append(pid)
+    return found
+
+
+def wait_for_dbt(root: int) -> list[int]:
+    """The PIDs of the dbt processes of the round that `root` (ops/continuous.sh) starts next."""
+    deadline = time.monotonic() + 120
+    while not (pids := [pid for pid, cmd in descendants(root).items() if "/dbt " in cmd and alive(pid)]):
+        assert time.monotonic() < deadline, "no dbt round started"
+        time.sleep(0.2)
+    return pids
+
+
 def test_continuous_mode_keeps_silver_fresh_and_stops_cleanly(tmp_path: Path, make_source: Any) -> None:
     """Changes committed while it runs reach consumer_records without a restart, round after round;
-    SIGTERM stops ingest, the dbt loop and the warm engine it started, with exit 0."""
+    SIGTERM in the middle of a round stops ingest, the round's dbt and the warm engine it started,
+    with exit 0."""
     s = make_source("create table t (id int primary key, v int)", ["t"])
     prepare(s.config())
     cfg, wh, state = tmp_path / "ingest.yml", tmp_path / "wh", tmp_path / "state"
@@ -81,6 +121,9 @@ def test_continuous_mode_keeps_silver_fresh_and_stops_cleanly(tmp_path: Path, ma
         second = wait_for(wh, s.name, {i: i * 10 if i <= 5 else i for i in range(1, 16)}, proc)
         print(f"commit to consumer_records: first round {first:.0f} s (engine start included), next {second:.0f} s")
         thrift_pid = int((state / "cluster" / "thrift.pid").read_text())
+        # SIGTERM in the middle of a round: its dbt stops with the script, before the engine.
+        s.execute("insert into t values (100, 100)")
+        dbt_pids = wait_for_dbt(proc.pid)
         os.kill(proc.pid, signal.SIGTERM)
         assert proc.wait(timeout=120) == 0, (tmp_path / "continuous.log").read_text()[-4000:]
     finally:
@@ -90,6 +133,9 @@ def test_continuous_mode_keeps_silver_fresh_and_stops_cleanly(tmp_path: Path, ma
         log.close()
     text = (tmp_path / "continuous.log").read_text()
     assert "continuous: stopped" in text and "silver built in" in text, text[-4000:]
+    # The cut round's dbt is gone with the script, and did not fail against a stopped engine.
+    assert [pid for pid in dbt_pids if alive(pid)] == []
+    assert "stopped SparkContext" not in text and not re.search(r"ERROR=[1-9]", text), text[-4000:]
     # The engine it started is gone, and so is ingest (its slot is free for the next run).
     assert not Path(f"/proc/{thrift_pid}").exists()
     slots = s.conn.execute(
