@@ -39,6 +39,12 @@ COMMIT_BACKOFF_S = 0.05
 # BronzeUnavailableError: exit 75, and the service manager starts ingest again later.
 IO_ATTEMPTS = 5
 IO_BACKOFF_S = 0.5
+# A compaction runs inside the writer's process, beside its batches: one rewrite task at a time,
+# into files of 32 MiB, so its memory stays small. delta-rs's defaults (a task per core, 100 MiB
+# files) took a writer from 321 to 562 MiB peak compacting 100 snapshot pages of 50,000 rows;
+# these settings, 393 MiB (BENCHMARKS.md, "Snapshot numbers at HEAD").
+COMPACT_TASKS = 1
+COMPACT_TARGET_BYTES = 32 * 1024 * 1024
 # How delta-rs, its query engine and object_store word an I/O failure (DeltaError, and the
 # ArrowException a query raises, carry no finer type).
 _IO_MARKERS = ("(os error", "Object Store error", "error sending request", "timed out", "Connection", "connection")
@@ -233,7 +239,9 @@ class DeltaTables:
         filters = [(partition[0], "=", partition[1])] if partition else None
 
         def attempt() -> dict[str, Any]:
-            metrics: dict[str, Any] = self._table_for_write(uri).optimize.compact(partition_filters=filters)
+            metrics: dict[str, Any] = self._table_for_write(uri).optimize.compact(
+                partition_filters=filters, target_size=COMPACT_TARGET_BYTES, max_concurrent_tasks=COMPACT_TASKS
+            )
             return metrics
 
         with self.lock(uri):
