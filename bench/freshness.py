@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import re
 import secrets
 import shutil
 import signal
@@ -35,7 +34,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.snapshot_lag import dsn, load  # noqa: E402
+from bench.snapshot_lag import COMMIT_SECONDS, dsn, load, quantile, update_lags  # noqa: E402
 from ingest.bronze.writer import BronzeWriter  # noqa: E402
 
 WARMUP_S = 5.0
@@ -94,23 +93,12 @@ def main() -> None:
         _, err = proc.communicate(timeout=60)
         if proc.returncode != 0:
             raise SystemExit(f"ingest exited {proc.returncode}: {err[-3000:]}")
-        commit_s = [float(m) for m in re.findall(r"committed source=\S+ events=[1-9]\d* .*seconds=([\d.]+)", err)]
-        rows = (
-            BronzeWriter(work / "warehouse")
-            .tables.query(
-                "select commit_timestamp, ingested_at from t where action = 'update'",
-                t=str(work / "warehouse" / "bronze" / "wal_events"),
-            )
-            .to_pylist()
-        )
-        first = min(r["commit_timestamp"] for r in rows)
-        lags = sorted(
-            (r["ingested_at"] - r["commit_timestamp"]).total_seconds()
-            for r in rows
-            if (r["commit_timestamp"] - first).total_seconds() >= WARMUP_S
-        )
+        commit_s = [float(m) for m in COMMIT_SECONDS.findall(err)]
+        events = update_lags(BronzeWriter(work / "warehouse"))
+        first = min(at for at, _ in events)
+        lags = sorted(lag for at, lag in events if (at - first).total_seconds() >= WARMUP_S)
         commit = statistics.median(commit_s) if commit_s else 0.0
-        p50, p95, p99 = (lags[int(q * (len(lags) - 1))] for q in (0.5, 0.95, 0.99))
+        p50, p95, p99 = (quantile(lags, q) for q in (0.5, 0.95, 0.99))
         print(
             f"load {rate.value:,.0f} row changes/s for {args.seconds:.0f} s; {len(lags):,} events after "
             f"{WARMUP_S:.0f} s of warm-up; {len(commit_s)} batches, median commit {commit * 1000:.0f} ms"

@@ -61,7 +61,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -82,19 +81,14 @@ from deltalake.exceptions import TableNotFoundError
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.snapshot_lag import create_items, dsn, load  # noqa: E402
+from bench.ingest_throughput import free_port  # noqa: E402
+from bench.snapshot_lag import create_items, dsn, load, quantile  # noqa: E402
 
 GOAL_P50_S, GOAL_P95_S = 30.0, 60.0
 WARMUP_TIMEOUT_S = 1200.0  # the engine's start and the first full build under load on 2 cores
 STOP_TIMEOUT_S = 180.0
 BUILT = "continuous: silver built in "
 FAILED = "continuous: dbt round failed"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def iso(ts: str) -> float:
@@ -177,10 +171,6 @@ def read_log(proc: subprocess.Popen[str], log: Path, target: Path, keep: Path, s
                 sh.rounds.append(r)
             elif line.startswith(FAILED):
                 sh.failed_rounds.append(now)
-
-
-def quantile(xs: list[float], q: float) -> float:
-    return xs[int(q * (len(xs) - 1))]
 
 
 def fmt(x: float, waited: float) -> str:

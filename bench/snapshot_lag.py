@@ -41,6 +41,7 @@ import sys
 import tempfile
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -121,10 +122,32 @@ def reset_peak_rss() -> None:
         f.write("5")
 
 
+# The committer's line for a batch with events; group 1 is its commit's seconds.
+COMMIT_SECONDS = re.compile(r"committed source=\S+ events=[1-9]\d* .*seconds=([\d.]+)")
+
+
+def quantile(xs: list[float], q: float) -> float:
+    """The q-quantile of sorted `xs` (nearest rank below), nan when empty."""
+    return xs[int(q * (len(xs) - 1))] if xs else float("nan")
+
+
+def update_lags(writer: BronzeWriter) -> list[tuple[datetime, float]]:
+    """(commit_timestamp, ingested_at - commit_timestamp in seconds) of every update event in bronze.
+
+    Both are this machine's clock: Postgres's commit time, and the writer's when it builds the
+    batch, just before the Delta commit.
+    """
+    rows = writer.tables.query(
+        "select commit_timestamp, ingested_at from t where action = 'update'",
+        t=writer.path(WAL_EVENTS_TABLE),
+    ).to_pylist()
+    return [(r["commit_timestamp"], (r["ingested_at"] - r["commit_timestamp"]).total_seconds()) for r in rows]
+
+
 class CommitSeconds(logging.Handler):
     """Collects the stream's bronze commit seconds (batches with events) and the first one's time from its log."""
 
-    PATTERN = re.compile(r"committed source=\S+ events=[1-9]\d* .*seconds=([\d.]+)")
+    PATTERN = COMMIT_SECONDS
 
     def __init__(self) -> None:
         super().__init__(logging.INFO)
@@ -145,17 +168,9 @@ def stream_freshness(writer: BronzeWriter, since: float, until: float, commit_s:
     As bench/freshness.py: each event's `ingested_at - commit_timestamp` (both this machine's
     clock), plus the median commit seconds, an upper bound of "visible in bronze".
     """
-    rows = writer.tables.query(
-        "select commit_timestamp, ingested_at from t where action = 'update'",
-        t=writer.path(WAL_EVENTS_TABLE),
-    ).to_pylist()
-    lags = sorted(
-        (r["ingested_at"] - r["commit_timestamp"]).total_seconds()
-        for r in rows
-        if since <= r["commit_timestamp"].timestamp() <= until
-    )
+    lags = sorted(lag for at, lag in update_lags(writer) if since <= at.timestamp() <= until)
     commit = statistics.median(commit_s) if commit_s else 0.0
-    p50, p95 = (lags[int(q * (len(lags) - 1))] if lags else float("nan") for q in (0.5, 0.95))
+    p50, p95 = quantile(lags, 0.5), quantile(lags, 0.95)
     return {"fresh_events": len(lags), "fresh_commit_s": commit, "fresh_p50": p50 + commit, "fresh_p95": p95 + commit}
 
 
