@@ -58,6 +58,12 @@ def silver(warehouse: Path, table: str) -> list[Any]:
     return read(warehouse / "dbt" / "silver.db" / table)
 
 
+def live_records(warehouse: Path, source: str, table: str) -> dict[str, Any]:
+    """The table's live (not deleted) consumer_records, their `record` parsed, by `record_pk`."""
+    recs = [r for r in silver(warehouse, "consumer_records") if r.source == source and r.table_name == table]
+    return {r.record_pk: json.loads(r.record) for r in recs if not r.deleted}
+
+
 def source_rows(s: Any, table: str, pk: list[str]) -> dict[str, dict[str, Any]]:
     """The table's rows as `record` holds them, by `record_pk`.
 

@@ -28,7 +28,7 @@ from ingest.positions import FILTERED_SNAPSHOT_PREFIX, SourcePositions
 from ingest.sources.postgres.snapshot import request_snapshot
 from tests.helpers.delta_rows import read
 from tests.helpers.pg import capture_once, prepare
-from tests.helpers.silver import NO_UNIT_TESTS, dbt, silver, source_rows
+from tests.helpers.silver import NO_UNIT_TESTS, dbt, live_records, silver, source_rows
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("engine")]
 
@@ -96,19 +96,14 @@ class Writes:
         self.conn.close()
 
 
-def _live(warehouse: Path, source: str, table: str) -> dict[str, Any]:
-    recs = [r for r in silver(warehouse, "consumer_records") if r.source == source and r.table_name == table]
-    return {r.record_pk: json.loads(r.record) for r in recs if not r.deleted}
-
-
 def _pages(warehouse: Path, source: str, table: str) -> list[Any]:
     return read(warehouse / "bronze" / "snapshot_pages", f"source = '{source}' and table_name = '{table}'")
 
 
 def _silver_is_the_source(warehouse: Path, s: Any) -> None:
     """§7.1: the live records of both tables are the source's rows (a keyless table's distinct rows)."""
-    assert _live(warehouse, s.name, "big") == source_rows(s, "big", ["id"])
-    assert _live(warehouse, s.name, "bag") == source_rows(s, "bag", ["a", "b", "c"])
+    assert live_records(warehouse, s.name, "big") == source_rows(s, "big", ["id"])
+    assert live_records(warehouse, s.name, "bag") == source_rows(s, "bag", ["a", "b", "c"])
     deleted = {r.record_pk for r in silver(warehouse, "consumer_records") if r.source == s.name and r.deleted}
     assert not deleted & set(source_rows(s, "big", ["id"])), "a live key is tombstoned"
 
@@ -137,7 +132,7 @@ def test_split_keyless_paused_and_filtered_snapshots_fold_to_the_source_through_
         assert writes.ops >= 60, writes.ops
         dbt(warehouse, "build", *NO_UNIT_TESTS)  # its data tests hold: the build fails otherwise
         _silver_is_the_source(warehouse, s)
-        held = _live(warehouse, s.name, "big")[json.dumps({"id": HELD}, separators=(",", ":"))]
+        held = live_records(warehouse, s.name, "big")[json.dumps({"id": HELD}, separators=(",", ":"))]
         assert held["v"] == "held", "the update held open across page 2's read is not undone by a page"
 
         # A whole re-snapshot of the keyless table, paused before any run reads it, beside a filtered
@@ -168,6 +163,6 @@ def test_split_keyless_paused_and_filtered_snapshots_fold_to_the_source_through_
         # Keyless: one record per distinct row, whatever the copies (docs/snapshots.md, "Keyless tables").
         with psycopg.connect(s.dsn) as conn:
             copies = Counter(conn.execute(f"select a, b, c from {s.schema}.bag").fetchall())
-        assert len(_live(warehouse, s.name, "bag")) == len(copies) and max(copies.values()) >= 2
+        assert len(live_records(warehouse, s.name, "bag")) == len(copies) and max(copies.values()) >= 2
     finally:
         writes.close()

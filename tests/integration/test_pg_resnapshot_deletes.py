@@ -12,7 +12,6 @@ the snapshot stay as the stream left them.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ import pytest
 
 from tests.helpers.delta_rows import read
 from tests.helpers.pg import bronze_events, capture_once, prepare
-from tests.helpers.silver import NO_UNIT_TESTS, dbt, frozen, silver, source_rows
+from tests.helpers.silver import NO_UNIT_TESTS, dbt, frozen, live_records, silver, source_rows
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("engine")]
 
@@ -30,11 +29,6 @@ ROWS = 3000
 def _absent_rows(warehouse: Path, source: str) -> list[Any]:
     placed = silver(warehouse, "snapshot_rows_placed")
     return [r for r in placed if r.source == source and r.page_number == -1 and r.row_index >= 0]
-
-
-def _live(warehouse: Path, source: str, table: str) -> dict[str, Any]:
-    recs = [r for r in silver(warehouse, "consumer_records") if r.source == source and r.table_name == table]
-    return {r.record_pk: json.loads(r.record) for r in recs if not r.deleted}
 
 
 def test_a_re_snapshot_tombstones_the_keys_lost_changes_deleted(warehouse: Path, make_source: Any) -> None:
@@ -52,7 +46,7 @@ def test_a_re_snapshot_tombstones_the_keys_lost_changes_deleted(warehouse: Path,
     dbt(warehouse, "build", *NO_UNIT_TESTS)
     # The initial snapshot finds every key the stream knows: nothing is absent.
     assert _absent_rows(warehouse, s.name) == []
-    assert len(_live(warehouse, s.name, "items")) == ROWS
+    assert len(live_records(warehouse, s.name, "items")) == ROWS
 
     # Lost changes: the tables leave the publication, rows change, the tables come back.
     publication = f"changelake_{s.name}"
@@ -81,10 +75,10 @@ def test_a_re_snapshot_tombstones_the_keys_lost_changes_deleted(warehouse: Path,
     assert len(resnapshot) == 2, "the initial snapshot and the re-snapshot, each a whole-table one"
     assert len({r.snapshot_id for r in pages}) == 6, "each cut into three key ranges"
 
-    live_items = _live(warehouse, s.name, "items")
+    live_items = live_records(warehouse, s.name, "items")
     assert live_items == source_rows(s, "items", ["id"])
     notes_keys = ["v", "n"]
-    assert _live(warehouse, s.name, "notes") == source_rows(s, "notes", notes_keys)
+    assert live_records(warehouse, s.name, "notes") == source_rows(s, "notes", notes_keys)
     recs = {(r.table_name, r.record_pk): r for r in silver(warehouse, "consumer_records") if r.source == s.name}
     assert not recs[("items", '{"id":1}')].deleted and recs[("items", '{"id":1}')].origin == "stream"
     for pk in ['{"id":1500}', '{"id":2999}']:
@@ -114,7 +108,7 @@ def test_a_re_snapshot_tombstones_the_keys_lost_changes_deleted(warehouse: Path,
     capture_once(warehouse, src)
     dbt(warehouse, "build", *NO_UNIT_TESTS)
     assert len(_absent_rows(warehouse, s.name)) == len(absent)
-    assert _live(warehouse, s.name, "items") == source_rows(s, "items", ["id"])
+    assert live_records(warehouse, s.name, "items") == source_rows(s, "items", ["id"])
 
     # DESIGN invariant 5: a full refresh from bronze gives the same silver, absent rows included
     # (the rule reads only what is at or below each completion).
