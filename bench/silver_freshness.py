@@ -35,7 +35,7 @@ listed with the script's own "silver built in Ns" and, from each round's run_res
 as the round ends), dbt's elapsed time, the models' and tests' summed node times, the slowest nodes
 and when consumer_records' MERGE completed within the round.
 
-The goal is absolute (p50 <= 30 s, p95 <= 60 s at 2k changes/s, issue 29), like bench/freshness.py:
+The goal is absolute (p50 <= 30 s, p95 <= 60 s at 2k changes/s), like bench/freshness.py:
 no other tool keeps this silver in the same run to compare with. Hold the heavy and pg locks and
 run it alone: the machine's two cores are shared by PostgreSQL, the load, ingest, the engine, dbt and
 the poller, as they would be on a one-machine deployment.
