@@ -12,7 +12,10 @@
         - completed_tables: the tables (rows of source, table_schema, table_name) with a
           whole-table snapshot's last page between those bounds, the only tables a snapshot can
           complete for this run (none when placed_rows is none: every table is looked at; an
-          empty list: the model leaves out its search for absent keys).
+          empty list: the model leaves out its search for absent keys);
+        - nothing_to_place: true when there is no new page row and no such table, so the model's
+          statement would append nothing: the model runs no statement (this macro calls
+          changelake_request_skip for it).
         The model's joins still decide exactly; the literals only prune.
     -#}
     {%- set placed_positions_query -%}
@@ -28,6 +31,7 @@
         'new_pages_filter': none,
         'page_events_filter': none,
         'completed_tables': none,
+        'nothing_to_place': false,
     } -%}
     {#- A model skipped because nothing is new runs no lookup either (changelake_skip_reason). -#}
     {%- if is_incremental() and changelake_skip_reason() is none -%}
@@ -37,27 +41,63 @@
             {%- set safe_bound_rows = changelake_run_state().current_rows -%}
             {%- set page_ranges = source_ranges(safe_bound_rows, 'safe_lsn', placed_rows, 'max_commit_lsn') -%}
             {%- set new_pages_filter = source_ranges_predicate('snapshot_pages', 'high_watermark_lsn', page_ranges) -%}
-            {%- set page_bounds_query -%}
-                select snapshot_pages.source, max(snapshot_pages.high_watermark_lsn) as high
+            {#- One lookup: per source the highest watermark of the new page rows, and the tables
+                whose whole-table snapshot's last page is among the new pages. New means above the
+                highest placed watermark, as the model's join says (a page at it was placed);
+                new_pages_filter's bounds are inclusive, so the lookup's start one above it. -#}
+            {%- set strict_ranges = [] -%}
+            {%- for range in page_ranges -%}
+                {%- do strict_ranges.append({
+                    'source': range.source,
+                    'low': none if range.low is none else range.low + 1,
+                    'high': range.high,
+                }) -%}
+            {%- endfor -%}
+            {%- set new_pages_only = source_ranges_predicate('snapshot_pages', 'high_watermark_lsn', strict_ranges) -%}
+            {%- set new_pages_query -%}
+                select
+                    'rows' as kind,
+                    snapshot_pages.source,
+                    max(snapshot_pages.high_watermark_lsn) as high,
+                    cast(null as string) as table_schema,
+                    cast(null as string) as table_name
                 from {{ source('bronze', 'snapshot_pages') }} as snapshot_pages
-                where {{ new_pages_filter }} and snapshot_pages.record_pk is not null
+                where {{ new_pages_only }} and snapshot_pages.record_pk is not null
                 group by snapshot_pages.source
-            {%- endset -%}
-            {%- set page_event_ranges = query_rows_at_execution(page_bounds_query) -%}
-            {%- set completed_tables_query -%}
-                select distinct snapshot_pages.source, snapshot_pages.table_schema, snapshot_pages.table_name
+                union all
+                select distinct
+                    'completed' as kind,
+                    snapshot_pages.source,
+                    cast(null as bigint) as high,
+                    snapshot_pages.table_schema,
+                    snapshot_pages.table_name
                 from {{ source('bronze', 'snapshot_pages') }} as snapshot_pages
                 where
-                    {{ new_pages_filter }}
+                    {{ new_pages_only }}
                     and snapshot_pages.last_page
                     and snapshot_pages.table_snapshot is not null
             {%- endset -%}
+            {%- set new_pages = query_rows_at_execution(new_pages_query) -%}
+            {%- set page_event_ranges = [] -%}
+            {%- set completed_tables = [] -%}
+            {%- for row in new_pages -%}
+                {%- if row.kind == 'rows' -%}
+                    {%- do page_event_ranges.append({'source': row.source, 'high': row.high}) -%}
+                {%- else -%}
+                    {%- do completed_tables.append(
+                        {'source': row.source, 'table_schema': row.table_schema, 'table_name': row.table_name}) -%}
+                {%- endif -%}
+            {%- endfor -%}
             {%- do bounds.update({
                 'placed_rows': placed_rows,
                 'new_pages_filter': new_pages_filter,
                 'page_events_filter': source_ranges_predicate('sequin_events', 'commit_lsn', page_event_ranges),
-                'completed_tables': query_rows_at_execution(completed_tables_query),
+                'completed_tables': completed_tables,
+                'nothing_to_place': not page_event_ranges and not completed_tables,
             }) -%}
+            {%- if bounds.nothing_to_place -%}
+                {%- do changelake_request_skip('skipped: no snapshot page became usable') -%}
+            {%- endif -%}
         {%- endif -%}
     {%- endif -%}
     {{ return(bounds) }}

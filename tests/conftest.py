@@ -167,10 +167,27 @@ def _pg_facing(item: pytest.Item) -> bool:
     return "pg_dsn" in fixtures or "ScratchCluster" in path.read_text(encoding="utf-8")
 
 
+# scripts/test.sh runs the two scopes as two lanes, each a pytest process of its own: `spark` (the
+# Spark scope, one JVM at a time) and `servers` (everything else, then the matrix on its majors), so
+# the matrix runs while the Spark lane is still busy instead of after it.
+LANE_ENV = "CHANGELAKE_TEST_LANE"
+LANES = ("spark", "servers")
+
+
+def _in_lane(item: pytest.Item, lane: str) -> bool:
+    return (_scope(item.nodeid) == SPARK_SCOPE) == (lane == "spark")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Put the Spark scope first, so a worker starts on it at once; under the matrix, keep its tests only."""
-    if os.environ.get(MATRIX_ENV):
-        kept = [item for item in items if _pg_facing(item)]
-        config.hook.pytest_deselected(items=[item for item in items if not _pg_facing(item)])
+    """Put the Spark scope first, so a worker starts on it at once; keep only the matrix's or the lane's tests."""
+    lane = os.environ.get(LANE_ENV)
+    if lane and lane not in LANES:
+        raise pytest.UsageError(f"{LANE_ENV}={lane!r}: expected one of {', '.join(LANES)}")
+    keep = [_pg_facing] if os.environ.get(MATRIX_ENV) else []
+    if lane:
+        keep.append(lambda item: _in_lane(item, lane))
+    if keep:
+        kept = [item for item in items if all(k(item) for k in keep)]
+        config.hook.pytest_deselected(items=[item for item in items if not all(k(item) for k in keep)])
         items[:] = kept
     items.sort(key=lambda item: _scope(item.nodeid) != SPARK_SCOPE)  # stable: file order kept

@@ -14,6 +14,8 @@
           run-wide decision above cannot see. With config skip_inputs only the named inputs
           count, and rebuild_when_arrived runs the model when a left-out input now holds a row
           its table waits for (changelake_awaited_rows_arrived).
+        A model whose compiled SQL found, from a lookup of its own, that its statement would
+        change nothing says so with changelake_request_skip; that reason is given first.
         Never skipped: a model whose table does not exist yet, a --full-refresh, a model without
         the config, or a var changelake_skip_unchanged set to false.
     -#}
@@ -28,6 +30,10 @@
     {%- endif -%}
     {%- if should_full_refresh() or load_cached_relation(this) is none -%}
         {{ return(none) }}
+    {%- endif -%}
+    {%- set requested = changelake_requested_skip() -%}
+    {%- if requested is not none -%}
+        {{ return(requested) }}
     {%- endif -%}
     {%- if skip_when == 'inputs_unchanged' -%}
         {%- if input_versions is not none and input_versions == changelake_stored_input_versions()

@@ -14,6 +14,7 @@
 -- A whole-table snapshot whose last watermark the safe bound passes also places the keys it did
 -- not find (docs/snapshots.md, "Re-snapshots find deletes"): one absent row per such key, a
 -- tombstone at the snapshot's last watermark, and one completion row for the snapshot.
+-- A run with no page to place runs no statement (snapshot_rows_placed_scan_bounds).
 
 {%- set bounds = snapshot_rows_placed_scan_bounds() %}
 {#- Looked for only when a whole-table snapshot may have completed (none: a full build, a unit test). -#}

@@ -25,6 +25,8 @@ create table items (id int primary key, n int);
 create table tags (id int primary key, label text);
 """
 KEYS = {"items": ["id"], "tags": ["id"]}
+# What dbt prints for snapshot_rows_placed when no page became usable (macro changelake_request_skip).
+NO_PAGE = "skipped: no snapshot page became usable"
 
 
 def compiled(warehouse: Path, model: str) -> str:
@@ -60,7 +62,20 @@ def test_both_folds_read_one_batch_and_a_lagging_fold_catches_up(warehouse: Path
     s.execute("insert into items select g, 0 from generate_series(1, 6) g")
     s.execute("insert into tags values (1, 'a'), (2, 'b')")
     capture_once(warehouse, s.config(snapshot={"initial": False}))
-    dbt(warehouse, "run", "--select", "silver")
+    # A second source, snapshotted once and idle afterwards: its pages are placed by the first run,
+    # and no later run finds a page that became usable (snapshot_rows_placed runs no statement).
+    notes = make_source("create table notes (id int primary key, body text)", ["notes"])
+    notes.execute("insert into notes select g, 'n' || g from generate_series(1, 5) g")
+    prepare(notes.config())
+    capture_once(warehouse, notes.config(), snapshots=True)
+    out = dbt(warehouse, "run", "--select", "silver")
+    assert NO_PAGE not in out, out
+    placed = [r for r in silver(warehouse, "snapshot_rows_placed") if r.source == notes.name]
+    assert len([r for r in placed if r.record is not None]) == 5  # and the snapshot's completion row
+    note_records = {
+        r.record_pk: json.loads(r.record) for r in silver(warehouse, "consumer_records") if r.source == notes.name
+    }
+    assert note_records == source_rows(notes, "notes", ["id"])
     # The first build of each fold reads sequin_events itself; the batch was computed for no fold.
     assert not reads_batch(warehouse, "consumer_records") and not reads_batch(warehouse, "record_history")
     assert silver(warehouse, "record_changes") == []
@@ -75,7 +90,8 @@ def test_both_folds_read_one_batch_and_a_lagging_fold_catches_up(warehouse: Path
     s.execute("truncate tags")
     s.execute("insert into tags values (3, 'c')")
     capture_once(warehouse, s.config(snapshot={"initial": False}))
-    dbt(warehouse, "run", "--select", "silver", "--exclude", "record_history", "record_changes")
+    out = dbt(warehouse, "run", "--select", "silver", "--exclude", "record_history", "record_changes")
+    assert NO_PAGE in out, out
     assert not reads_batch(warehouse, "consumer_records")
     # With a loader (a model skipped when nothing is new)
     # left out, nothing is marked loaded; marking this batch loaded made every later run skip it
@@ -94,7 +110,8 @@ def test_both_folds_read_one_batch_and_a_lagging_fold_catches_up(warehouse: Path
     s.execute("update items set n = 2 where id = 1")
     s.execute("insert into tags values (4, 'd')")
     capture_once(warehouse, s.config(snapshot={"initial": False}))
-    dbt(warehouse, "run", "--select", "silver")
+    out = dbt(warehouse, "run", "--select", "silver")
+    assert NO_PAGE in out, out
     assert reads_batch(warehouse, "consumer_records") and reads_batch(warehouse, "record_history")
     batch = [r for r in silver(warehouse, "record_changes") if r.source == s.name]
     kinds = Counter((r.table_name, r.change_kind) for r in batch)

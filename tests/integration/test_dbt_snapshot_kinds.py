@@ -158,7 +158,9 @@ def test_split_keyless_paused_and_filtered_snapshots_fold_to_the_source_through_
         assert SourcePositions.read(bronze, s.name).snapshots == []
         resnapshot = [p for p in _pages(warehouse, s.name, "bag") if p.snapshot_id not in pages_before]
         assert any(p.last_page for p in resnapshot)
-        dbt(warehouse, "build", *NO_UNIT_TESTS)
+        out = dbt(warehouse, "build", *NO_UNIT_TESTS)
+        # The re-snapshot's pages became usable in this run: snapshot_rows_placed placed them.
+        assert "skipped: no snapshot page became usable" not in out, out
         _silver_is_the_source(warehouse, s)
         # Keyless: one record per distinct row, whatever the copies (docs/snapshots.md, "Keyless tables").
         with psycopg.connect(s.dsn) as conn:
