@@ -201,6 +201,9 @@ placed_page_rows as (
             part_ends.table_name,
             part_ends.table_snapshot.id as table_snapshot_id,
             part_ends.table_snapshot.parts as table_snapshot_parts,
+            part_ends.table_snapshot.xmin as snapshot_xmin,
+            part_ends.table_snapshot.xmax as snapshot_xmax,
+            part_ends.table_snapshot.xip as snapshot_xip,
             part_ends.snapshot_id,
             part_ends.high_watermark_lsn,
             part_ends.read_at
@@ -223,6 +226,9 @@ placed_page_rows as (
             part_ends.table_schema,
             part_ends.table_name,
             part_ends.table_snapshot_id,
+            part_ends.snapshot_xmin,
+            part_ends.snapshot_xmax,
+            part_ends.snapshot_xip,
             max(part_ends.high_watermark_lsn) as completed_lsn,
             max(part_ends.read_at) as completed_at
         from whole_table_part_ends as part_ends
@@ -236,7 +242,10 @@ placed_page_rows as (
             part_ends.source,
             part_ends.table_schema,
             part_ends.table_name,
-            part_ends.table_snapshot_id
+            part_ends.table_snapshot_id,
+            part_ends.snapshot_xmin,
+            part_ends.snapshot_xmax,
+            part_ends.snapshot_xip
         having
             count(distinct part_ends.snapshot_id) = max(part_ends.table_snapshot_parts)
             and max(part_ends.high_watermark_lsn) <= max(safe_bounds.safe_lsn)
@@ -284,10 +293,10 @@ placed_page_rows as (
 
     key_changes as (
 
-        -- What silver knows of each key of those tables, by position: the stream's events and the
-        -- page rows placed (this run's and earlier ones). Absent rows placed before are left out,
-        -- as a full build could not see them: a key they tombstoned gets another, which changes
-        -- nothing, and the rows do not depend on when the run happens.
+        -- What silver knows of each key of those tables, by position: the stream's events (with
+        -- their transaction) and the page rows placed (this run's and earlier ones). Absent rows
+        -- placed before are left out, as a full build could not see them: a key they tombstoned
+        -- gets another, which changes nothing, and the rows do not depend on when the run happens.
         select
             source,
             table_schema,
@@ -295,6 +304,7 @@ placed_page_rows as (
             record_pk,
             commit_lsn,
             commit_index,
+            transaction_id,
             action = 'delete' or is_old_key as removes
         from table_key_events
         union all
@@ -305,6 +315,7 @@ placed_page_rows as (
             record_pk,
             commit_lsn,
             commit_index,
+            cast(null as bigint) as transaction_id,
             false as removes
         from placed_page_rows
         where not is_superseded
@@ -317,6 +328,7 @@ placed_page_rows as (
                 placed.record_pk,
                 placed.commit_lsn,
                 placed.commit_index,
+                cast(null as bigint) as transaction_id,
                 false as removes
             from {{ this }} as placed
             where
@@ -367,7 +379,11 @@ placed_page_rows as (
 
         -- Per completed snapshot, the keys of its table that the last change silver knows of at or
         -- below the completion leaves live (not a delete, and after the table's last truncate):
-        -- only what the run could see then, so any later run finds the same.
+        -- only what the run could see then, so any later run finds the same. changed_while_read:
+        -- an event the bound's MVCC snapshot could not see touched the key at or before the
+        -- completion, so it may have been written after the page of its range was read (an
+        -- event after the completion orders after the tombstone anyway). Computed here, in the
+        -- one pass over the key's changes, so that no part of this search is planned twice.
         select
             newly_completed_snapshots.source,
             newly_completed_snapshots.table_schema,
@@ -375,7 +391,17 @@ placed_page_rows as (
             newly_completed_snapshots.table_snapshot_id,
             newly_completed_snapshots.completed_lsn,
             newly_completed_snapshots.completed_at,
-            key_changes.record_pk
+            key_changes.record_pk,
+            bool_or(coalesce(
+                key_changes.transaction_id is not null
+                and not {{ pg_xid_visible(
+                    'key_changes.transaction_id',
+                    'newly_completed_snapshots.snapshot_xmin',
+                    'newly_completed_snapshots.snapshot_xmax',
+                    'newly_completed_snapshots.snapshot_xip'
+                ) }},
+                false
+            )) as changed_while_read
         from key_changes
         inner join newly_completed_snapshots
             on
@@ -410,7 +436,8 @@ placed_page_rows as (
 
     absent_keys as (
 
-        -- Live keys of the table that no page of the completed snapshot holds.
+        -- Live keys of the table that no page of the completed snapshot holds, but those an event
+        -- changed while the snapshot read (left alone).
         select live_keys.*
         from live_keys
         left anti join completed_snapshot_pages
@@ -418,50 +445,7 @@ placed_page_rows as (
                 live_keys.source = completed_snapshot_pages.source
                 and live_keys.table_snapshot_id = completed_snapshot_pages.table_snapshot_id
                 and live_keys.record_pk = completed_snapshot_pages.record_pk
-
-    ),
-
-    bound_snapshots as (
-
-        -- The MVCC snapshot each completed snapshot read its bound under, before any of its pages.
-        select distinct
-            completed_snapshot_pages.source,
-            completed_snapshot_pages.table_snapshot_id,
-            completed_snapshot_pages.table_snapshot.xmin as snapshot_xmin,
-            completed_snapshot_pages.table_snapshot.xmax as snapshot_xmax,
-            completed_snapshot_pages.table_snapshot.xip as snapshot_xip
-        from completed_snapshot_pages
-
-    ),
-
-    changed_while_read as (
-
-        -- An absent key that an event the bound's snapshot could not see touched at or before the
-        -- completion may have been written after the page of its range was read: left alone. An
-        -- event after the completion orders after the tombstone anyway.
-        select distinct
-            absent_keys.source,
-            absent_keys.table_snapshot_id,
-            absent_keys.record_pk
-        from absent_keys
-        inner join table_key_events
-            on
-                absent_keys.source = table_key_events.source
-                and absent_keys.table_schema = table_key_events.table_schema
-                and absent_keys.table_name = table_key_events.table_name
-                and absent_keys.record_pk = table_key_events.record_pk
-        inner join bound_snapshots
-            on
-                absent_keys.source = bound_snapshots.source
-                and absent_keys.table_snapshot_id = bound_snapshots.table_snapshot_id
-        where
-            table_key_events.commit_lsn <= absent_keys.completed_lsn
-            and not {{ pg_xid_visible(
-                'table_key_events.transaction_id',
-                'bound_snapshots.snapshot_xmin',
-                'bound_snapshots.snapshot_xmax',
-                'bound_snapshots.snapshot_xip'
-            ) }}
+        where not live_keys.changed_while_read
 
     ),
 
@@ -487,11 +471,6 @@ placed_page_rows as (
             2147483647 as commit_index,
             absent_keys.completed_at as read_at
         from absent_keys
-        left anti join changed_while_read
-            on
-                absent_keys.source = changed_while_read.source
-                and absent_keys.table_snapshot_id = changed_while_read.table_snapshot_id
-                and absent_keys.record_pk = changed_while_read.record_pk
 
     ),
 
