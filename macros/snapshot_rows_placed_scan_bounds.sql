@@ -16,7 +16,9 @@
         - nothing_to_place: true when there is no new page row and no such table, so the model's
           statement would append nothing: the model runs no statement (this macro calls
           changelake_request_skip for it).
-        The model's joins still decide exactly; the literals only prune.
+        - safe_bound_rows: silver.safe_bounds' rows (source, safe_lsn), read once, or none (the
+          model skipped, parse time, unit tests): the model's exact bound, as literals.
+        The model's joins still decide exactly; the other literals only prune.
     -#}
     {%- set placed_positions_query -%}
         select
@@ -32,6 +34,7 @@
         'page_events_filter': none,
         'completed_tables': none,
         'nothing_to_place': false,
+        'safe_bound_rows': none,
     } -%}
     {#- A model skipped because nothing is new runs no lookup either (changelake_skip_reason). -#}
     {%- if is_incremental() and changelake_skip_reason() is none -%}
@@ -99,6 +102,14 @@
                 {%- do changelake_request_skip('skipped: no snapshot page became usable') -%}
             {%- endif -%}
         {%- endif -%}
+    {%- endif -%}
+    {#- silver.safe_bounds, read once (the model reads it at several places of its plan), when the
+        model is about to run: `dbt compile`, `dbt show` or sqlfluff's templater may come before
+        the table exists. -#}
+    {%- if execute and flags.WHICH in ['run', 'build', 'retry'] and changelake_skip_reason() is none
+        and load_relation(ref('safe_bounds')) is not none -%}
+        {%- do bounds.update({'safe_bound_rows': query_rows_at_execution(
+            'select source, safe_lsn from ' ~ ref('safe_bounds'))}) -%}
     {%- endif -%}
     {{ return(bounds) }}
 {% endmacro %}

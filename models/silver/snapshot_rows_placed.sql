@@ -37,7 +37,12 @@ sequin_events as (
 
 safe_bounds as (
 
-    select * from {{ ref('safe_bounds') }}
+    -- The run's bounds, read once as literals (bounds.safe_bound_rows): Spark plans this CTE at
+    -- each of its references, and a literal relation costs no scan.
+    {{ rows_as_relation(
+        bounds.safe_bound_rows, [['source', 'string'], ['safe_lsn', 'bigint']],
+        'select source, safe_lsn from ' ~ ref('safe_bounds')
+    ) }}
 
 ),
 
