@@ -20,6 +20,8 @@
 {#- Looked for only when a whole-table snapshot may have completed (none: a full build, a unit test). -#}
 {%- set finds_absent = bounds.completed_tables is none or bounds.completed_tables | length > 0 %}
 {%- set table_identity = ['source', 'table_schema', 'table_name'] %}
+{%- set safe_bound_columns = [['source', 'string'], ['safe_lsn', 'bigint']] %}
+{%- set stored_safe_bounds = 'select source, safe_lsn from ' ~ ref('safe_bounds') %}
 
 with
 
@@ -39,10 +41,7 @@ safe_bounds as (
 
     -- The run's bounds, read once as literals (bounds.safe_bound_rows): Spark plans this CTE at
     -- each of its references, and a literal relation costs no scan.
-    {{ rows_as_relation(
-        bounds.safe_bound_rows, [['source', 'string'], ['safe_lsn', 'bigint']],
-        'select source, safe_lsn from ' ~ ref('safe_bounds')
-    ) }}
+    {{ rows_as_relation(bounds.safe_bound_rows, safe_bound_columns, stored_safe_bounds) }}
 
 ),
 
