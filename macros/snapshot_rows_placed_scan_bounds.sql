@@ -105,9 +105,9 @@
     {%- endif -%}
     {#- silver.safe_bounds, read once (the model reads it at several places of its plan), when the
         model is about to run: `dbt compile`, `dbt show` or sqlfluff's templater may come before
-        the table exists. -#}
-    {%- if execute and flags.WHICH in ['run', 'build', 'retry'] and changelake_skip_reason() is none
-        and load_relation(ref('safe_bounds')) is not none -%}
+        the table exists, and a unit test's ref is a fixture. -#}
+    {%- if execute and model.resource_type != 'unit_test' and flags.WHICH in ['run', 'build', 'retry']
+        and changelake_skip_reason() is none and load_relation(ref('safe_bounds')) is not none -%}
         {%- do bounds.update({'safe_bound_rows': query_rows_at_execution(
             'select source, safe_lsn from ' ~ ref('safe_bounds'))}) -%}
     {%- endif -%}
