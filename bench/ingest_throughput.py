@@ -76,16 +76,30 @@ def dsn() -> str:
     )
 
 
-def free_port() -> int:
-    """The first port of PORTS nothing listens on (a cluster of another run may hold one)."""
-    for port in PORTS:
-        with socket.socket() as s:
+def free_ports(count: int) -> list[int]:
+    """The first `count` ports of PORTS nothing listens on (a cluster of another run may hold one),
+    all different: each is held until the others are found."""
+    held: list[socket.socket] = []
+    try:
+        for port in PORTS:
+            s = socket.socket()
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
+                s.close()
                 continue
-            return port
-    raise SystemExit(f"no free port in {PORTS.start}-{PORTS.stop - 1} for the throwaway cluster")
+            held.append(s)
+            if len(held) == count:
+                return [h.getsockname()[1] for h in held]
+    finally:
+        for h in held:
+            h.close()
+    raise SystemExit(f"no {count} free ports in {PORTS.start}-{PORTS.stop - 1} for the throwaway cluster")
+
+
+def free_port() -> int:
+    """The first port of PORTS nothing listens on."""
+    return free_ports(1)[0]
 
 
 @contextmanager

@@ -81,7 +81,7 @@ from deltalake.exceptions import TableNotFoundError
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.ingest_throughput import free_port  # noqa: E402
+from bench.ingest_throughput import free_ports  # noqa: E402
 from bench.snapshot_lag import create_items, dsn, load, quantile  # noqa: E402
 
 GOAL_P50_S, GOAL_P95_S = 30.0, 60.0
@@ -220,13 +220,16 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     wh, state, target, kept = work / "warehouse", work / "state", work / "dbt-target", work / "run_results"
     kept.mkdir(exist_ok=True)
+    # Two different ports: free_port() twice gives the same one (the first free of a range), and a
+    # Thrift server whose UI takes its port never serves (the warm-up then fails, "TSocket read 0 bytes").
+    thrift_port, ui_port = free_ports(2)
     env = dict(
         os.environ,
         CHANGELAKE_CONFIG=str(work / "ingest.yml"),
         CHANGELAKE_WAREHOUSE=str(wh),
         CHANGELAKE_STATE=str(state),
-        CHANGELAKE_THRIFT_PORT=str(free_port()),
-        CHANGELAKE_THRIFT_UI_PORT=str(free_port()),
+        CHANGELAKE_THRIFT_PORT=str(thrift_port),
+        CHANGELAKE_THRIFT_UI_PORT=str(ui_port),
         DBT_TARGET_PATH=str(target),
         DBT_LOG_PATH=str(work / "dbt-logs"),
     )
