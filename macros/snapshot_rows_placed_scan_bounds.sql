@@ -5,7 +5,7 @@
         - placed_positions_query: per source the highest watermark already placed ({{ this }});
         - placed_rows: its rows, or none (a full build, parse time, unit tests);
         - new_pages_filter: a predicate on alias snapshot_pages keeping, per source, watermarks
-          between the highest placed one and the safe bound (none when placed_rows is none);
+          above the highest placed one and at or below the safe bound (none when placed_rows is none);
         - page_events_filter: a predicate on alias sequin_events keeping, per source, events at or
           below the highest watermark of those new pages, the only events that can supersede a
           page row (none when placed_rows is none; `false` when there is no new page);
@@ -41,22 +41,20 @@
         {%- set placed_rows = query_rows_at_execution(placed_positions_query) -%}
         {%- if placed_rows is not none -%}
             {#- The bounds safe_bounds is built from this run (changelake_run_state), not a read of it. -#}
-            {%- set safe_bound_rows = changelake_run_state().current_rows -%}
-            {%- set page_ranges = source_ranges(safe_bound_rows, 'safe_lsn', placed_rows, 'max_commit_lsn') -%}
-            {%- set new_pages_filter = source_ranges_predicate('snapshot_pages', 'high_watermark_lsn', page_ranges) -%}
-            {#- One lookup: per source the highest watermark of the new page rows, and the tables
-                whose whole-table snapshot's last page is among the new pages. New means above the
-                highest placed watermark, as the model's join says (a page at it was placed);
-                new_pages_filter's bounds are inclusive, so the lookup's start one above it. -#}
-            {%- set strict_ranges = [] -%}
-            {%- for range in page_ranges -%}
-                {%- do strict_ranges.append({
+            {%- set current_bound_rows = changelake_run_state().current_rows -%}
+            {#- New pages: above the highest placed watermark, as the model's join says (a page at
+                it was placed); source_ranges' bounds are inclusive, so each range starts one above. -#}
+            {%- set page_ranges = [] -%}
+            {%- for range in source_ranges(current_bound_rows, 'safe_lsn', placed_rows, 'max_commit_lsn') -%}
+                {%- do page_ranges.append({
                     'source': range.source,
                     'low': none if range.low is none else range.low + 1,
                     'high': range.high,
                 }) -%}
             {%- endfor -%}
-            {%- set new_pages_only = source_ranges_predicate('snapshot_pages', 'high_watermark_lsn', strict_ranges) -%}
+            {%- set new_pages_filter = source_ranges_predicate('snapshot_pages', 'high_watermark_lsn', page_ranges) -%}
+            {#- One lookup: per source the highest watermark of the new page rows, and the tables
+                whose whole-table snapshot's last page is among the new pages. -#}
             {%- set new_pages_query -%}
                 select
                     'rows' as kind,
@@ -65,7 +63,7 @@
                     cast(null as string) as table_schema,
                     cast(null as string) as table_name
                 from {{ source('bronze', 'snapshot_pages') }} as snapshot_pages
-                where {{ new_pages_only }} and snapshot_pages.record_pk is not null
+                where {{ new_pages_filter }} and snapshot_pages.record_pk is not null
                 group by snapshot_pages.source
                 union all
                 select distinct
@@ -76,7 +74,7 @@
                     snapshot_pages.table_name
                 from {{ source('bronze', 'snapshot_pages') }} as snapshot_pages
                 where
-                    {{ new_pages_only }}
+                    {{ new_pages_filter }}
                     and snapshot_pages.last_page
                     and snapshot_pages.table_snapshot is not null
             {%- endset -%}

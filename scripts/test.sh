@@ -26,8 +26,8 @@ fi
 # - servers: the PostgreSQL, MongoDB and unit tests, which mostly wait on servers, and then the
 #   PostgreSQL-facing integration tests again on the oldest and the newest supported majors (13 is
 #   refused, 15 ran in the lane; docs/postgres.md; every major: `make test-pg-matrix`), each on a
-#   cluster of its own. Until 2026-12 the matrix ran after both; it now fills the time the servers
-#   lane used to wait for the Spark one.
+#   cluster of its own: the matrix fills the time the servers lane would otherwise wait for the
+#   Spark one.
 # The spark lane prints as it goes; the servers lane writes its log, printed when both are done.
 logs="$(mktemp -d /tmp/changelake-test-XXXXXX)"
 servers() {

@@ -268,8 +268,7 @@ placed_page_rows as (
         select
             completed.source,
             completed.table_snapshot.id as table_snapshot_id,
-            completed.record_pk,
-            completed.table_snapshot
+            completed.record_pk
         from snapshot_pages as completed
         inner join newly_completed_snapshots
             on
