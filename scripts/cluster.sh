@@ -181,6 +181,7 @@ up() {
   start_thrift "$sh" "$THRIFT_DRIVER_MEMORY" --master "$MASTER_URL" --name changelake-thrift \
     --executor-memory "$EXECUTOR_MEMORY" --conf spark.cores.max="$APP_CORES" \
     --conf spark.sql.shuffle.partitions=2 --conf spark.databricks.delta.snapshotPartitions=2 \
+    --conf spark.sql.sources.parallelPartitionDiscovery.parallelism=2 \
     --conf spark.driver.extraJavaOptions="-Dderby.system.home=$WAREHOUSE/_metastore ${CHANGELAKE_JVM_OPTS:-}" \
     --conf spark.executor.extraJavaOptions="${CHANGELAKE_JVM_OPTS:-}"
   wait_for thrift "HiveServer2 on port $THRIFT_PORT" port_open "$THRIFT_PORT"
@@ -192,6 +193,7 @@ up_local() {  # the warm engine: the Thrift server on a local Spark, settings as
   local sh t0=$SECONDS; sh="$(spark_home)"
   start_thrift "$sh" "$LOCAL_MEMORY" --master "local[$LOCAL_CORES]" --name changelake-engine \
     --conf spark.sql.shuffle.partitions="$LOCAL_CORES" --conf spark.databricks.delta.snapshotPartitions="$LOCAL_CORES" \
+    --conf spark.sql.sources.parallelPartitionDiscovery.parallelism="$LOCAL_CORES" \
     --conf spark.driver.extraJavaOptions="-Dderby.system.home=$WAREHOUSE/_metastore -Dlog4j2.configurationFile=file:$PWD/dbt_log4j2.properties ${CHANGELAKE_JVM_OPTS:-}"
   wait_for thrift "HiveServer2 on port $THRIFT_PORT" port_open "$THRIFT_PORT"
   warm_up
