@@ -34,10 +34,6 @@
 #                                           one executor of 1 core, so an ingest app (config/cluster.yml
 #                                           asks the same) still fits on the worker beside it
 #   CHANGELAKE_THRIFT_DRIVER_MEMORY [1g]
-#   CHANGELAKE_THRIFT_STATEMENT_THREADS [16]  the server's statement threads, kept between
-#                                           statements: HiveServer2's default (100 threads, each
-#                                           ending after 10 s idle) ran most statements of a build on
-#                                           a new thread, each opening its own metastore client
 #   CHANGELAKE_CODEGEN_CACHE [4000]         compiled query classes the server keeps (Spark's default,
 #                                           100, is less than a build compiles: each build compiled
 #                                           them again, a fifth of the server's CPU in a small one)
@@ -64,7 +60,6 @@ WORKER_MEMORY="${CHANGELAKE_WORKER_MEMORY:-2g}"
 EXECUTOR_MEMORY="${CHANGELAKE_EXECUTOR_MEMORY:-768m}"
 APP_CORES="${CHANGELAKE_APP_CORES:-1}"
 THRIFT_DRIVER_MEMORY="${CHANGELAKE_THRIFT_DRIVER_MEMORY:-1g}"
-STATEMENT_THREADS="${CHANGELAKE_THRIFT_STATEMENT_THREADS:-16}"
 CODEGEN_CACHE="${CHANGELAKE_CODEGEN_CACHE:-4000}"
 LOCAL="${CHANGELAKE_SPARK_LOCAL:-0}"
 LOCAL_CORES="${CHANGELAKE_LOCAL_CORES:-2}"
@@ -243,9 +238,7 @@ start_thrift() {  # spark home, driver memory, then the master and its own setti
     --conf "spark.hadoop.javax.jdo.option.ConnectionURL=jdbc:derby:;databaseName=$WAREHOUSE/_metastore/metastore_db;create=true" \
     spark-internal \
     --hiveconf hive.server2.thrift.bind.host="$HOST" \
-    --hiveconf hive.server2.thrift.port="$THRIFT_PORT" \
-    --hiveconf hive.server2.async.exec.threads="$STATEMENT_THREADS" \
-    --hiveconf hive.server2.async.exec.keepalive.time=86400
+    --hiveconf hive.server2.thrift.port="$THRIFT_PORT"
 }
 
 stop_one() {
