@@ -86,12 +86,22 @@ spark_home() {
 }
 
 pid_of() {  # the live PID of daemon $1, or nothing
-  local f="$STATE/$1.pid" pid
+  local f="$STATE/$1.pid" pid cmdline tries=0
   [ -f "$f" ] || return 0
   pid="$(cat "$f")"
-  if kill -0 "$pid" 2>/dev/null && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "${CLASS[$1]}"; then
-    echo "$pid"
-  fi
+  # While a process execs (setsid -> env -> spark-submit -> spark-class -> java), /proc/PID/cmdline
+  # reads empty for a moment: read again rather than call a starting daemon gone. A zombie's stays
+  # empty; it is gone.
+  while kill -0 "$pid" 2>/dev/null; do
+    cmdline="$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)" || return 0
+    if [ -n "$cmdline" ]; then
+      if [[ "$cmdline" == *"${CLASS[$1]}"* ]]; then echo "$pid"; fi
+      return 0
+    fi
+    [ "$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1)" != Z ] || return 0
+    (( ++tries < 100 )) || return 0
+    sleep 0.01
+  done
 }
 
 start_daemon() {  # name, command...: start in a new session, record the PID
@@ -118,12 +128,19 @@ start_daemon() {  # name, command...: start in a new session, record the PID
   done
 }
 
+exit_status() {  # how daemon $1, started by this invocation, ended: "exit status N" or "killed by SIGNAME"
+  local pid rc=0
+  pid="$(cat "$STATE/$1.pid" 2>/dev/null)" || { echo "no PID file"; return 0; }
+  wait "$pid" 2>/dev/null || rc=$?
+  if (( rc > 128 && rc < 160 )); then echo "killed by SIG$(kill -l $((rc - 128)))"; else echo "exit status $rc"; fi
+}
+
 wait_for() {  # name, description, probe command...: poll until the probe succeeds
   local name="$1" what="$2" t0=$SECONDS; shift 2
   until "$@" >/dev/null 2>&1; do
     if [ -z "$(pid_of "$name")" ]; then
       tail -n 40 "$STATE/$name.log" >&2 || true
-      die "$name exited before $what; log: $STATE/$name.log"
+      die "$name exited before $what ($(exit_status "$name")); log: $STATE/$name.log"
     fi
     if (( SECONDS - t0 > READY_TIMEOUT_S )); then
       tail -n 40 "$STATE/$name.log" >&2 || true
