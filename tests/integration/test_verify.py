@@ -4,7 +4,8 @@ One dbt build makes silver; then verify runs against it: equal at rest, equal un
 write load with ingest running (the changed keys are skipped, nothing is reported), and after
 silver is corrupted (one record changed, one deleted, one resurrected) exactly those three keys.
 A targeted dbt build of the gold models then shows the mismatch in source_health and the
-scheduled check (assert_last_verification_found_no_mismatches) fails.
+scheduled check (assert_last_verification_found_no_mismatches) fails; with more stream records
+broken, the check of consumer_records against sequin_events names each break.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -152,3 +154,39 @@ def test_verify_finds_exactly_the_corrupted_keys_and_nothing_under_load(
     health = SimpleNamespace(**row)
     assert (health.tables_mismatched, health.verification_mismatches, health.tables_verified_equal) == (1, 3, 0)
     assert health.last_verified_at is not None
+
+    # consumer_records against sequin_events (tests/dbt/assert_consumer_records_are_their_last_events.sql)
+    # finds each way a stream record can break, named: ids 1-10 were updated and 11-15 deleted on
+    # the stream; id 12, resurrected above, kept its deleted_at. Broken here (delta-rs again):
+    recs = {r.record_pk: r.asDict() for r in silver(warehouse, "consumer_records") if r.source == s.name}
+    key = '{{"id":{}}}'.format
+    broken = {key(i): dict(recs[key(i)]) for i in (1, 2, 3, 4, 11)}
+    assert all(r["origin"] == "stream" for r in broken.values()) and recs[key(5)]["origin"] == "stream"
+    broken[key(1)]["updated_at"] += timedelta(seconds=1)
+    broken[key(2)]["seq"] += 1
+    broken[key(3)]["commit_lsn"] -= 1
+    broken[key(4)]["commit_index"] += 1
+    broken[key(11)]["deleted_at"] += timedelta(seconds=1)
+    stray = {**recs[key(6)], "record_pk": key(9999)}  # a stream record no event made
+    dt = DeltaTable(path)
+    dt.delete(f"source = '{s.name}' and record_pk in ({', '.join(repr(k) for k in [*broken, key(5)])})")
+    rows = [*broken.values(), stray]
+    write_deltalake(path, pa.Table.from_pylist(rows, schema=pa.schema(dt.schema().to_arrow())), mode="append")
+    check = "assert_consumer_records_are_their_last_events"
+    p = dbt_process(warehouse, "test", "--select", check, "--store-failures", "--vars", "{changelake_full_tests: true}")
+    assert p.returncode == 1 and check in p.stdout, p.stdout[-4000:]
+    found = {
+        r["record_pk"]: r["mismatch"]
+        for r in pq.read_table(warehouse / "dbt" / "dbt_test__audit.db" / check).to_pylist()
+        if r["record_source"] == s.name
+    }
+    assert found == {
+        key(1): "updated_at is not the commit time of its event",
+        key(2): "seq is not the seq of its event",
+        key(3): "record behind the last event for its key",
+        key(4): "stream record past the last event for its key",
+        key(5): "no record for a key with events",
+        key(11): "deleted_at is not the commit time of its event",
+        key(12): "deleted and deleted_at disagree",
+        key(9999): "stream record without an event for its key",
+    }, found
