@@ -132,7 +132,10 @@ exit_status() {  # how daemon $1, started by this invocation, ended: "exit statu
   local pid rc=0
   pid="$(cat "$STATE/$1.pid" 2>/dev/null)" || { echo "no PID file"; return 0; }
   wait "$pid" 2>/dev/null || rc=$?
-  if (( rc > 128 && rc < 160 )); then echo "killed by SIG$(kill -l $((rc - 128)))"; else echo "exit status $rc"; fi
+  # 127: not a child of this shell (another invocation started it), so its status is not known here.
+  if (( rc == 127 )); then echo "its exit status is not known here"
+  elif (( rc > 128 && rc < 160 )); then echo "killed by SIG$(kill -l $((rc - 128)))"
+  else echo "exit status $rc"; fi
 }
 
 wait_for() {  # name, description, probe command...: poll until the probe succeeds
