@@ -48,10 +48,11 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=10000)
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
-    tables = sorted(p.parent.resolve() for p in (args.warehouse / "dbt").glob("*.db/*/_delta_log"))
+    dbt = args.warehouse / "dbt"
+    tables = sorted(p.parent.resolve() for schema in ("silver", "gold") for p in dbt.glob(f"{schema}.db/*/_delta_log"))
     if not tables:
-        raise SystemExit(f"no Delta table under {args.warehouse / 'dbt'}: build silver and gold first")
-    print(f"{len(tables)} silver and gold tables under {args.warehouse / 'dbt'}")
+        raise SystemExit(f"no Delta table under {dbt}/silver.db or gold.db: build silver and gold first")
+    print(f"{len(tables)} silver and gold tables under {dbt}")
     vacuum_all(args.port, tables, None)  # deletes what there is to delete: the passes below only list
     default, engine = [], []
     for r in range(args.rounds):

@@ -107,11 +107,11 @@ compared as (
         ) as last_position,
         -- The event at the record's position, when its position is one allowed above: the truncate
         -- that deleted it, else its key's last event.
-        coalesce(
-            case when truncates.source is not null then truncates.commit_timestamp end,
-            last_key_events.last_event.commit_timestamp
-        ) as event_commit_timestamp,
-        coalesce(case when truncates.source is not null then truncates.seq end, last_key_events.last_event.seq)
+        case
+            when truncates.source is not null then truncates.commit_timestamp
+            else last_key_events.last_event.commit_timestamp
+        end as event_commit_timestamp,
+        case when truncates.source is not null then truncates.seq else last_key_events.last_event.seq end
             as event_seq
     from last_key_events
     full outer join consumer_records
